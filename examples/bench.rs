@@ -1,0 +1,198 @@
+//! Collective benchmark: run as ranks by `cargo xtask bench collectives`.
+//!
+//! Every rank runs the same measurements; rank 0 appends one JSON line per
+//! (op, size, strategy) to the file named by `--out`:
+//! `{"op", "backend", "ranks", "bytes", "dtype", "strategy", "iters",
+//!   "seconds_median", "busbw_gbps"}`. `bytes` is one rank's input; bus
+//! bandwidth follows the NCCL tests' convention for each op.
+//!
+//! ```text
+//! safemlx-launch -n 2 -- target/release/examples/bench --out target/bench/collectives.jsonl
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use safemlx::{Array, Dtype, Stream};
+use safemlx_dist::{
+    all_gather, all_sum, all_to_all_v, init, recv, send, sum_scatter, Group, Lowering,
+};
+use safemlx_dist_examples::{backend_from_args, cpu_stream};
+
+/// 4 KiB to 64 MiB, in steps of 4x.
+const SIZES: [usize; 8] = [
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn flag(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// One operation under test, built fresh each iteration.
+type Op = fn(&Group, &Array, &Stream, &Streams) -> safemlx_dist::Result<Vec<Array>>;
+
+struct Streams {
+    send: Stream,
+    recv: Stream,
+}
+
+fn ops() -> Vec<(&'static str, Op, f64)> {
+    // (name, op, bus-bandwidth factor as a function of n applied later)
+    vec![
+        ("all_sum", |g, x, s, _| Ok(vec![all_sum(x, g, s)?]), 0.0),
+        (
+            "sum_scatter",
+            |g, x, s, _| Ok(vec![sum_scatter(x, g, s)?]),
+            1.0,
+        ),
+        (
+            "all_gather",
+            |g, x, s, _| Ok(vec![all_gather(x, g, s)?]),
+            2.0,
+        ),
+        (
+            "all_to_all_v",
+            |g, x, s, _| {
+                let n = g.size();
+                let rows = x.shape()[0] as usize;
+                let counts = vec![rows / n; n];
+                Ok(vec![all_to_all_v(x, &counts, &counts, g, s)?])
+            },
+            3.0,
+        ),
+        (
+            "send_recv",
+            |g, x, _, p| {
+                let n = g.size();
+                let (next, prev) = ((g.rank() + 1) % n, (g.rank() + n - 1) % n);
+                let sent = send(x, next, g, &p.send)?;
+                let got = recv(x.shape(), x.dtype(), prev, g, &p.recv)?;
+                Ok(vec![sent, got])
+            },
+            4.0,
+        ),
+    ]
+}
+
+/// NCCL-tests bus bandwidth factor for `op` on `n` ranks.
+fn bus_factor(kind: f64, n: usize) -> f64 {
+    let n = n as f64;
+    match kind as u8 {
+        0 => 2.0 * (n - 1.0) / n,
+        1..=3 => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+fn run() -> Result<(), String> {
+    let backend = backend_from_args()?;
+    let out = flag("--out");
+    let max_bytes = flag("--max-bytes")
+        .map(|v| v.parse::<usize>().map_err(|e| format!("--max-bytes: {e}")))
+        .transpose()?
+        .unwrap_or(64 << 20);
+    let world = init(true, backend).map_err(|e| e.to_string())?;
+    let (rank, n) = (world.rank(), world.size());
+    let s = cpu_stream();
+    let p = Streams {
+        send: cpu_stream(),
+        recv: cpu_stream(),
+    };
+    let mut file = match (&out, rank) {
+        (Some(path), 0) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("cannot open {path}: {e}"))?,
+        ),
+        _ => None,
+    };
+    let strategies: [(&str, Lowering); 3] = [
+        ("native", Lowering::Native),
+        ("composed", Lowering::Composed),
+        ("auto", Lowering::Auto),
+    ];
+    for (op_name, op, kind) in ops() {
+        // Only these ops have more than one lowering.
+        let has_strategies = matches!(op_name, "all_sum" | "sum_scatter");
+        for &bytes in SIZES.iter().filter(|b| **b <= max_bytes) {
+            // float32 rows of 1 KiB, so every op's counts divide.
+            let rows = (bytes / 1024).max(n).next_multiple_of(n);
+            let data: Vec<f32> = (0..rows * 256).map(|i| (i % 1000) as f32).collect();
+            let x = Array::from_slice(&data, &[rows as i32, 256]);
+            x.evaluated().map_err(|e| e.to_string())?;
+            let iters = ((64usize << 20) / bytes).clamp(3, 20);
+            for (strategy, lowering) in strategies
+                .iter()
+                .filter(|(name, _)| has_strategies || *name == "native")
+            {
+                let group = world.with_lowering(*lowering).map_err(|e| e.to_string())?;
+                let mut times = Vec::with_capacity(iters);
+                for i in 0..=iters {
+                    let started = Instant::now();
+                    let outputs = op(&group, &x, &s, &p).map_err(|e| e.to_string())?;
+                    safemlx::transforms::eval(&outputs).map_err(|e| e.what().to_owned())?;
+                    if i > 0 {
+                        times.push(started.elapsed().as_secs_f64());
+                    }
+                }
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
+                let busbw = (rows * 1024) as f64 / median * bus_factor(kind, n) / 1e9;
+                if rank == 0 {
+                    let line = format!(
+                        r#"{{"op":"{op_name}","backend":"{backend}","ranks":{n},"bytes":{},"dtype":"{}","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{busbw:.4}}}"#,
+                        rows * 1024,
+                        dtype_name(Dtype::Float32),
+                    );
+                    eprintln!(
+                        "{op_name:>12} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} ms  {busbw:>7.3} GB/s",
+                        human(rows * 1024),
+                        median * 1e3
+                    );
+                    if let Some(f) = file.as_mut() {
+                        writeln!(f, "{line}").map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Float32 => "float32",
+        _ => "other",
+    }
+}
+
+fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}

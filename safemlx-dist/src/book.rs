@@ -1,0 +1,23 @@
+//! The book's chapters, compiled and run as doctests: a sample that stops
+//! compiling or asserting fails `cargo test`.
+
+#[doc = include_str!("../../book/src/introduction.md")]
+pub struct Introduction;
+
+#[doc = include_str!("../../book/src/getting-started.md")]
+pub struct GettingStarted;
+
+#[doc = include_str!("../../book/src/runtime.md")]
+pub struct Runtime;
+
+#[doc = include_str!("../../book/src/launching.md")]
+pub struct Launching;
+
+#[doc = include_str!("../../book/src/lowerings.md")]
+pub struct Lowerings;
+
+#[doc = include_str!("../../book/src/design.md")]
+pub struct Design;
+
+#[doc = include_str!("../../README.md")]
+pub struct Readme;

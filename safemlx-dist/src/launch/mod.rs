@@ -1,0 +1,299 @@
+//! Starting N ranks of a program on one machine: the engine of the
+//! `safemlx-launch` binary and of [`Ranks`], which lets a test re-run itself
+//! as a real multi-process group.
+//!
+//! - **ring**: a JSON hostfile with free loopback ports (or a given one) and
+//!   `MLX_RANK`, `MLX_HOSTFILE`, `MLX_WORLD_SIZE` per rank;
+//! - **mpi**: the ranks run under `mpirun`.
+//!
+//! Every rank also gets `SAFEMLX_DIST_BACKEND` naming the backend. Output
+//! lines are prefixed `[rank K] `; when a rank fails every other rank is
+//! stopped (SIGTERM, then SIGKILL 2 s later) and the error names it; a timeout
+//! stops all ranks and names those still running.
+
+mod hostfile;
+mod mpi;
+mod ranks;
+mod supervise;
+
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use hostfile::{RingHosts, TempHostfile};
+pub use ranks::Ranks;
+
+use crate::Backend;
+use supervise::{supervise, Outcome, Relabel};
+
+/// The environment variable that tells a program which backend it was started for.
+pub const BACKEND_ENV: &str = "SAFEMLX_DIST_BACKEND";
+
+/// Why a launch did not run or did not succeed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// `-n 0`.
+    #[error("the number of ranks must be at least 1, got 0")]
+    NoRanks,
+    /// A backend the launcher cannot start.
+    #[error("safemlx-launch starts ring or mpi ranks, not {backend}")]
+    UnsupportedBackend {
+        /// The backend asked for.
+        backend: Backend,
+    },
+    /// The program to run does not exist.
+    #[error("program {program:?} was not found (give a path or a name on PATH)")]
+    ProgramNotFound {
+        /// The program as given.
+        program: PathBuf,
+    },
+    /// `mpirun` is not installed.
+    #[error("mpirun was not found on PATH; install Open MPI (`cargo xtask setup` does)")]
+    MpirunNotFound,
+    /// A bad ring hostfile.
+    #[error("bad hostfile {path:?}: {reason}")]
+    Hostfile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A rank could not be started.
+    #[error("could not start rank {rank}: {reason}")]
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The operating system's error.
+        reason: String,
+    },
+    /// A rank exited unsuccessfully or was killed; the others were stopped.
+    #[error("rank {rank} failed ({status}); the other ranks were stopped")]
+    RankFailed {
+        /// The first rank seen failing.
+        rank: usize,
+        /// Its exit status or signal.
+        status: String,
+    },
+    /// `mpirun` failed without naming a rank.
+    #[error("mpirun failed ({status}); see its output above")]
+    MpirunFailed {
+        /// mpirun's exit status.
+        status: String,
+    },
+    /// The timeout passed; every rank was stopped.
+    #[error("timed out after {seconds} s; ranks still running: {running}")]
+    TimedOut {
+        /// The timeout.
+        seconds: f64,
+        /// The ranks still running, e.g. `0, 2` (`all` under mpirun).
+        running: String,
+    },
+    /// A file could not be written or a port reserved.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A program to start as `ranks` processes.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use safemlx_dist::launch::Launch;
+/// use safemlx_dist::Backend;
+///
+/// Launch::new(4, "target/release/examples/collectives")
+///     .backend(Backend::Ring)
+///     .timeout(Duration::from_secs(60))
+///     .run()?;
+/// # Ok::<(), safemlx_dist::launch::LaunchError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Launch {
+    ranks: usize,
+    backend: Backend,
+    hostfile: Option<PathBuf>,
+    timeout: Option<Duration>,
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Launch {
+    /// `ranks` copies of `program`, on the ring backend, without a timeout.
+    pub fn new(ranks: usize, program: impl Into<OsString>) -> Self {
+        Self {
+            ranks,
+            backend: Backend::Ring,
+            hostfile: None,
+            timeout: None,
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The backend: [`Backend::Ring`] (default) or [`Backend::Mpi`].
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Use this ring host list instead of free loopback ports.
+    pub fn hostfile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.hostfile = Some(path.into());
+        self
+    }
+
+    /// Stop every rank and fail after `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Adds program arguments.
+    pub fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(mut self, args: I) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable for every rank.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Checks everything that can be checked before a process starts.
+    fn validate(&self) -> Result<Option<RingHosts>, LaunchError> {
+        if self.ranks == 0 {
+            return Err(LaunchError::NoRanks);
+        }
+        if !matches!(self.backend, Backend::Ring | Backend::Mpi) {
+            return Err(LaunchError::UnsupportedBackend {
+                backend: self.backend,
+            });
+        }
+        if find_program(&self.program).is_none() {
+            return Err(LaunchError::ProgramNotFound {
+                program: PathBuf::from(&self.program),
+            });
+        }
+        match self.backend {
+            Backend::Mpi => {
+                if find_program(OsStr::new("mpirun")).is_none() {
+                    return Err(LaunchError::MpirunNotFound);
+                }
+                Ok(None)
+            }
+            _ => match &self.hostfile {
+                Some(path) => RingHosts::read(path, self.ranks).map(Some),
+                None => RingHosts::loopback(self.ranks).map(Some),
+            },
+        }
+    }
+
+    /// Starts the ranks and waits for them; output goes to this process's
+    /// stdout and stderr, each line prefixed `[rank K] `.
+    pub fn run(&self) -> Result<(), LaunchError> {
+        let hosts = self.validate()?;
+        let mut env = self.env.clone();
+        env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
+        match hosts {
+            Some(hosts) => self.run_ring(&hosts, env),
+            None => self.run_mpi(env),
+        }
+    }
+
+    fn run_ring(
+        &self,
+        hosts: &RingHosts,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<(), LaunchError> {
+        let file = hosts.write_temp()?;
+        let commands = (0..self.ranks)
+            .map(|rank| {
+                let mut command = Command::new(&self.program);
+                command
+                    .args(&self.args)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .env("MLX_RANK", rank.to_string())
+                    .env("MLX_WORLD_SIZE", self.ranks.to_string())
+                    .env("MLX_HOSTFILE", file.path());
+                (rank, command)
+            })
+            .collect();
+        let relabel: Relabel = Arc::new(|rank, line| format!("[rank {rank}] {line}"));
+        let outcome = supervise(commands, self.timeout, relabel)?;
+        drop(file);
+        match outcome {
+            Outcome::Success => Ok(()),
+            Outcome::Failed { label, status } => Err(LaunchError::RankFailed {
+                rank: label,
+                status: status.to_string(),
+            }),
+            Outcome::TimedOut { running } => Err(self.timed_out(
+                &running
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )),
+        }
+    }
+
+    fn run_mpi(&self, env: Vec<(OsString, OsString)>) -> Result<(), LaunchError> {
+        let command = mpi::command(self.ranks, &env, &self.program, &self.args);
+        // mpirun's own (untagged) lines are kept to find the failed rank.
+        let report = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = Arc::clone(&report);
+        let relabel: Relabel = Arc::new(move |_, line| {
+            let pieces: Vec<String> = mpi::untag_all(line)
+                .into_iter()
+                .map(|(rank, text)| match rank {
+                    Some(rank) => format!("[rank {rank}] {text}"),
+                    None => {
+                        if let Ok(mut lines) = seen.lock() {
+                            lines.push(text.to_owned());
+                        }
+                        format!("[mpirun] {text}")
+                    }
+                })
+                .collect();
+            pieces.join("\n")
+        });
+        match supervise(vec![(0, command)], self.timeout, relabel)? {
+            Outcome::Success => Ok(()),
+            Outcome::Failed { status, .. } => {
+                let lines = report.lock().map(|l| l.clone()).unwrap_or_default();
+                Err(match mpi::failed_rank(&lines) {
+                    Some((rank, how)) => LaunchError::RankFailed { rank, status: how },
+                    None => LaunchError::MpirunFailed {
+                        status: status.to_string(),
+                    },
+                })
+            }
+            Outcome::TimedOut { .. } => Err(self.timed_out("all (under mpirun)")),
+        }
+    }
+
+    fn timed_out(&self, running: &str) -> LaunchError {
+        LaunchError::TimedOut {
+            seconds: self.timeout.map_or(0.0, |t| t.as_secs_f64()),
+            running: running.to_owned(),
+        }
+    }
+}
+
+/// `program` itself if it is a path to a file, else the first match on `PATH`.
+fn find_program(program: &OsStr) -> Option<PathBuf> {
+    let path = PathBuf::from(program);
+    if path.components().count() > 1 {
+        return path.is_file().then_some(path);
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
+    })
+}

@@ -1,0 +1,118 @@
+//! Running ranks under Open MPI's `mpirun`.
+
+use std::ffi::OsString;
+use std::process::Command;
+
+/// `mpirun` flags: allowed as root, more ranks than cores allowed, and each
+/// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `.
+pub(crate) fn command(
+    ranks: usize,
+    env: &[(OsString, OsString)],
+    program: &OsString,
+    args: &[OsString],
+) -> Command {
+    let mut mpirun = Command::new("mpirun");
+    mpirun
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--tag-output",
+            "--bind-to",
+            "none",
+        ])
+        .arg("-n")
+        .arg(ranks.to_string());
+    for (key, value) in env {
+        mpirun.env(key, value).arg("-x").arg(key);
+    }
+    mpirun.arg(program).args(args);
+    mpirun
+}
+
+/// Splits one line of `mpirun --tag-output` into its tagged pieces: a rank
+/// that printed without a final newline shares its line with the next tag,
+/// as in `[1,0]<stdout>:test x ... [1,1]<stdout>:more`. Untagged text (from
+/// mpirun itself) comes back with `None`.
+pub(crate) fn untag_all(line: &str) -> Vec<(Option<usize>, &str)> {
+    let starts: Vec<usize> = line
+        .match_indices('[')
+        .map(|(i, _)| i)
+        .filter(|&i| untag(&line[i..]).is_some())
+        .collect();
+    if starts.first() != Some(&0) {
+        let end = starts.first().copied().unwrap_or(line.len());
+        let mut pieces = vec![(None, &line[..end])];
+        pieces.extend(tagged_pieces(line, &starts));
+        return pieces;
+    }
+    tagged_pieces(line, &starts)
+}
+
+fn tagged_pieces<'a>(line: &'a str, starts: &[usize]) -> Vec<(Option<usize>, &'a str)> {
+    starts
+        .iter()
+        .enumerate()
+        .filter_map(|(k, &start)| {
+            let end = starts.get(k + 1).copied().unwrap_or(line.len());
+            untag(&line[start..end]).map(|(rank, text)| (Some(rank), text))
+        })
+        .collect()
+}
+
+/// `[1,3]<stdout>:text` -> `(3, "text")`, for any stream tag.
+fn untag(line: &str) -> Option<(usize, &str)> {
+    let rest = line.strip_prefix('[')?;
+    let (job_and_rank, rest) = rest.split_once(']')?;
+    let rank = job_and_rank.split_once(',')?.1.parse().ok()?;
+    let text = rest.strip_prefix('<')?.split_once(">:")?.1;
+    Some((rank, text))
+}
+
+/// The rank and exit code from mpirun's report of a failed process:
+/// `Process name: [[28213,1],1]` followed by `Exit code: 3`.
+pub(crate) fn failed_rank(report: &[String]) -> Option<(usize, String)> {
+    let at = report
+        .iter()
+        .position(|l| l.trim_start().starts_with("Process name:"))?;
+    let name = report[at].rsplit(',').next()?;
+    let rank = name.trim_end_matches([']', ' ']).parse().ok()?;
+    let how = report[at + 1..]
+        .iter()
+        .find_map(|l| {
+            let l = l.trim();
+            (l.starts_with("Exit code:") || l.starts_with("Signal:"))
+                .then(|| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+        .unwrap_or_else(|| String::from("failed"));
+    Some((rank, how.to_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_and_reports_are_parsed() {
+        assert_eq!(untag("[1,3]<stdout>:hello: x"), Some((3, "hello: x")));
+        assert_eq!(untag("[1,0]<stderr>:"), Some((0, "")));
+        assert_eq!(untag("plain line"), None);
+        assert_eq!(
+            untag_all("[1,0]<stdout>:test x ... [1,1]<stdout>:ok"),
+            [(Some(0), "test x ... "), (Some(1), "ok")]
+        );
+        assert_eq!(
+            untag_all("mpirun says [1] hi"),
+            [(None, "mpirun says [1] hi")]
+        );
+        let report: Vec<String> = [
+            "mpirun detected that one or more processes exited with non-zero status, thus causing",
+            "the job to be terminated. The first process to do so was:",
+            "",
+            "  Process name: [[28213,1],1]",
+            "  Exit code:    3",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(failed_rank(&report), Some((1, "exit code: 3".into())));
+    }
+}

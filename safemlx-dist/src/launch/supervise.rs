@@ -1,0 +1,179 @@
+//! Starting rank processes, forwarding their output line by line with a
+//! prefix, and stopping all of them when one fails or time runs out.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::LaunchError;
+
+/// How often running processes are polled.
+const POLL: Duration = Duration::from_millis(20);
+/// How long a process gets between SIGTERM and SIGKILL.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// Which of our streams a child's stream goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sink {
+    Stdout,
+    Stderr,
+}
+
+/// Rewrites one line of process `label`'s output (adds the `[rank K] ` prefix).
+pub(crate) type Relabel = Arc<dyn Fn(usize, &str) -> String + Send + Sync>;
+
+/// One supervised process: a rank, or `mpirun` standing for all ranks.
+struct Supervised {
+    label: usize,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+/// How a supervised run ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Every process exited with status 0.
+    Success,
+    /// Process `label` failed first; the others were stopped.
+    Failed { label: usize, status: ExitStatus },
+    /// The timeout passed; these processes were still running.
+    TimedOut { running: Vec<usize> },
+}
+
+fn forward(
+    label: usize,
+    stream: impl Read + Send + 'static,
+    sink: Sink,
+    relabel: Relabel,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut raw = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
+            let text = String::from_utf8_lossy(&raw);
+            let line = relabel(label, text.trim_end_matches(['\n', '\r']));
+            match sink {
+                Sink::Stdout => println!("{line}"),
+                Sink::Stderr => eprintln!("{line}"),
+            }
+            raw.clear();
+        }
+    })
+}
+
+/// Sends `signal` to the process group led by `pid` (each child leads its own).
+fn signal_group(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, "--", &format!("-{pid}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Starts `commands` (label, command), each in its own process group with
+/// piped output, and waits: for all to succeed, for the first failure (then
+/// the rest are stopped), or for `timeout` (then all are stopped).
+pub(crate) fn supervise(
+    commands: Vec<(usize, Command)>,
+    timeout: Option<Duration>,
+    relabel: Relabel,
+) -> Result<Outcome, LaunchError> {
+    let started = Instant::now();
+    let mut running = Vec::with_capacity(commands.len());
+    let mut forwarders = Vec::new();
+    for (label, mut command) in commands {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                stop(&mut running);
+                return Err(LaunchError::Spawn {
+                    rank: label,
+                    reason: error.to_string(),
+                });
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            forwarders.push(forward(label, out, Sink::Stdout, relabel.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            forwarders.push(forward(label, err, Sink::Stderr, relabel.clone()));
+        }
+        running.push(Supervised {
+            label,
+            child,
+            status: None,
+        });
+    }
+
+    let outcome = loop {
+        let mut failed = None;
+        for process in running.iter_mut().filter(|p| p.status.is_none()) {
+            if let Ok(Some(status)) = process.child.try_wait() {
+                process.status = Some(status);
+                if !status.success() && failed.is_none() {
+                    failed = Some((process.label, status));
+                }
+            }
+        }
+        if let Some((label, status)) = failed {
+            break Outcome::Failed { label, status };
+        }
+        if running.iter().all(|p| p.status.is_some()) {
+            break Outcome::Success;
+        }
+        if timeout.is_some_and(|t| started.elapsed() >= t) {
+            let still = running
+                .iter()
+                .filter(|p| p.status.is_none())
+                .map(|p| p.label)
+                .collect();
+            break Outcome::TimedOut { running: still };
+        }
+        std::thread::sleep(POLL);
+    };
+    stop(&mut running);
+    for forwarder in forwarders {
+        let _ = forwarder.join();
+    }
+    Ok(outcome)
+}
+
+/// Stops every process still running: SIGTERM to its group, then SIGKILL
+/// after [`GRACE`]; reaps all of them.
+fn stop(processes: &mut [Supervised]) {
+    let alive: Vec<u32> = processes
+        .iter_mut()
+        .filter_map(|p| {
+            let running = p.status.is_none() && matches!(p.child.try_wait(), Ok(None));
+            running.then(|| p.child.id())
+        })
+        .collect();
+    for pid in &alive {
+        signal_group(*pid, "-TERM");
+    }
+    let deadline = Instant::now() + GRACE;
+    while Instant::now() < deadline
+        && processes
+            .iter_mut()
+            .any(|p| p.status.is_none() && matches!(p.child.try_wait(), Ok(None)))
+    {
+        std::thread::sleep(POLL);
+    }
+    for process in processes.iter_mut() {
+        if matches!(process.child.try_wait(), Ok(None)) {
+            signal_group(process.child.id(), "-KILL");
+            let _ = process.child.kill();
+        }
+        if process.status.is_none() {
+            process.status = process.child.wait().ok();
+        }
+    }
+}

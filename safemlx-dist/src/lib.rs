@@ -1,0 +1,35 @@
+//! Typed tensor and expert parallelism on MLX.
+//!
+//! `safemlx-dist` runs collectives between real processes on MLX's own
+//! distributed backends (ring over TCP, MPI, NCCL, JACCL) and checks every
+//! argument before native code runs, with errors that name the values and
+//! the fix. See the book in `book/` for the guide.
+//!
+//! ```
+//! use safemlx::{Array, Device, DeviceType, Stream};
+//! use safemlx_dist::{all_sum, init, Backend};
+//!
+//! let stream = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
+//! // Non-strict: without peers this is a one-rank group.
+//! let group = init(false, Backend::Any)?;
+//! let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
+//! let total = all_sum(&x, &group, &stream)?;
+//! let expected: Vec<f32> = [1.0, 2.0].iter().map(|v| v * group.size() as f32).collect();
+//! assert_eq!(total.evaluated()?.try_to_vec::<f32>().unwrap(), expected);
+//! # Ok::<(), safemlx_dist::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod error;
+pub mod launch;
+mod runtime;
+
+#[cfg(doctest)]
+mod book;
+
+pub use error::{AllToAllVError, Error, PeerRole, Result};
+pub use runtime::{
+    all_gather, all_max, all_min, all_sum, all_to_all_v, init, is_available, recv, recv_like, send,
+    sum_scatter, Backend, Group, Lowering, LOWERING_ENV,
+};

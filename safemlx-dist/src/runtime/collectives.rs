@@ -1,0 +1,172 @@
+//! The collectives: lazy MLX graph nodes on an explicit stream.
+//!
+//! Each function validates its arguments (see `validate.rs`) before native
+//! code runs, returns its input unchanged on a singleton group, and otherwise
+//! adds one MLX node; bytes move when the result is evaluated.
+
+use safemlx::{Array, Dtype, Stream};
+
+use super::composed::{self, Combine};
+use super::group::Group;
+use super::lowering::{self, AllReducePlan, SumScatterPlan};
+use super::native::{self, Unary};
+use super::validate;
+use crate::error::{PeerRole, Result};
+
+fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
+    if group.is_singleton() {
+        return Ok(input.clone());
+    }
+    let plan = lowering::all_reduce(
+        group.lowering(),
+        group.backend(),
+        input.size(),
+        input.nbytes(),
+        group.size(),
+    );
+    match (plan, Combine::of(op)) {
+        (AllReducePlan::Ring, Some(combine)) => composed::all_reduce(input, combine, group, stream),
+        _ => native::unary(op, input, group.native(), stream),
+    }
+}
+
+/// Element-wise sum across the group; every rank gets the same result, of
+/// the input's shape.
+///
+/// Cost: an all-reduce; with the ring algorithm each rank sends and receives
+/// about `2 * (size - 1) / size` times the input's bytes. On the ring backend
+/// messages up to 32 MiB go through a ring reduce-scatter + all-gather built
+/// from `send`/`recv`, several times faster than MLX's op there (see the
+/// group's [`Lowering`](crate::Lowering)).
+pub fn all_sum(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
+    reduce(Unary::AllSum, input, group, stream.as_ref())
+}
+
+/// Element-wise maximum across the group; same shape and cost as [`all_sum`].
+pub fn all_max(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
+    reduce(Unary::AllMax, input, group, stream.as_ref())
+}
+
+/// Element-wise minimum across the group; same shape and cost as [`all_sum`].
+pub fn all_min(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
+    reduce(Unary::AllMin, input, group, stream.as_ref())
+}
+
+/// Every rank's input concatenated along axis 0, in rank order (a scalar
+/// becomes 1-D when the group has more than one rank).
+///
+/// Cost: each rank receives `(size - 1)` times its input's bytes.
+///
+/// # Errors
+/// `all-gather output's first dimension exceeds i32` when `first_dim * size`
+/// does not fit MLX's `i32` shapes.
+pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
+    if group.is_singleton() {
+        return Ok(input.clone());
+    }
+    validate::all_gather(input.shape(), group.size())?;
+    native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+}
+
+/// Sum across the group, then rank `r` keeps the `r`-th of `size` equal
+/// chunks along axis 0 (a reduce-scatter).
+///
+/// Cost: each rank sends and receives about `(size - 1) / size` times the
+/// input's bytes, half of an [`all_sum`]. MLX 0.32 has this op only on NCCL;
+/// elsewhere it is a ring reduce-scatter of `send`/`recv` (ring backend) or
+/// MLX's `all_sum` followed by a slice (MPI, or the `native` lowering).
+///
+/// # Errors
+/// A scalar input, a negative dimension, or a first dimension that the group
+/// size does not divide, e.g.
+/// `sum-scatter input's first dimension (10) is not divisible by group size (4)`.
+pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
+    if group.is_singleton() {
+        return Ok(input.clone());
+    }
+    validate::sum_scatter(input.shape(), group.size())?;
+    let stream = stream.as_ref();
+    match lowering::sum_scatter(group.lowering(), group.backend()) {
+        SumScatterPlan::Native => native::unary(Unary::SumScatter, input, group.native(), stream),
+        SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
+        SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
+    }
+}
+
+/// Variable-row exchange: `send_counts[d]` leading rows of `input` go to rank
+/// `d` (the input is laid out in destination order); `recv_counts[s]` rows
+/// come from rank `s` (the output is laid out in source order).
+///
+/// Cost: exactly the rows named by the counts move; nothing for a rank's own rows.
+///
+/// # Errors
+/// The checks of `spec/runtime.md`, in its order: a scalar input, counts
+/// without one entry per rank, overflowing sums or byte sizes, a send sum
+/// other than the input's rows, mismatched singleton totals, and a self send
+/// count different from the self receive count.
+pub fn all_to_all_v(
+    input: &Array,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    group: &Group,
+    stream: impl AsRef<Stream>,
+) -> Result<Array> {
+    let counts = validate::all_to_all_v(
+        input.shape(),
+        input.item_size(),
+        group.rank(),
+        group.size(),
+        send_counts,
+        recv_counts,
+    )?;
+    if group.is_singleton() {
+        return Ok(input.clone());
+    }
+    native::all_to_all_v(
+        input,
+        &counts.send,
+        &counts.recv,
+        group.native(),
+        stream.as_ref(),
+    )
+}
+
+/// Lazily sends `input` to rank `destination`; evaluate the returned array
+/// to perform the send. The ring backend only reaches direct neighbours.
+///
+/// Cost: the input's bytes, once.
+pub fn send(
+    input: &Array,
+    destination: usize,
+    group: &Group,
+    stream: impl AsRef<Stream>,
+) -> Result<Array> {
+    let destination = validate::peer(destination, group.size(), PeerRole::Destination)?;
+    native::send(input, destination, group.native(), stream.as_ref())
+}
+
+/// Lazily receives an array of `shape` and `dtype` from rank `source`.
+///
+/// Cost: the received bytes, once.
+pub fn recv(
+    shape: &[i32],
+    dtype: Dtype,
+    source: usize,
+    group: &Group,
+    stream: impl AsRef<Stream>,
+) -> Result<Array> {
+    validate::recv_shape(shape)?;
+    let source = validate::peer(source, group.size(), PeerRole::Source)?;
+    native::recv(shape, dtype, source, group.native(), stream.as_ref())
+}
+
+/// Lazily receives an array with `like`'s shape and dtype from rank `source`.
+pub fn recv_like(
+    like: &Array,
+    source: usize,
+    group: &Group,
+    stream: impl AsRef<Stream>,
+) -> Result<Array> {
+    let source = validate::peer(source, group.size(), PeerRole::Source)?;
+    native::recv_like(like, source, group.native(), stream.as_ref())
+}

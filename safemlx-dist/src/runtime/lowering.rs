@@ -1,0 +1,201 @@
+//! Which algorithm carries a collective: MLX's native op or a composition of
+//! MLX's own `send`/`recv`, chosen per backend, group size and message size.
+//!
+//! Every rank of a group must choose the same way, or their sends and
+//! receives do not pair up and the group deadlocks. The choice therefore
+//! depends only on values all ranks share: the backend, the group size, the
+//! message's byte size (equal on every rank for these collectives) and the
+//! [`Lowering`] setting, which `Group::init` reads once from
+//! `SAFEMLX_DIST_LOWERING` and checks is the same on every rank.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+use crate::Backend;
+
+/// The environment variable that forces a lowering on every rank.
+pub const LOWERING_ENV: &str = "SAFEMLX_DIST_LOWERING";
+
+/// How collectives are lowered; see the book's "Backends and lowerings".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Lowering {
+    /// Measured rules: a composition where it is faster, MLX's op otherwise.
+    #[default]
+    Auto,
+    /// MLX's native collectives only (`sum_scatter` becomes `all_sum` plus a
+    /// slice where MLX has no reduce-scatter). Required when ranks of other
+    /// programs, e.g. MLX Python ranks, share the group.
+    Native,
+    /// Always the `send`/`recv` compositions (for benchmarks and tests).
+    Composed,
+}
+
+impl Lowering {
+    /// `auto`, `native` or `composed`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Composed => "composed",
+        }
+    }
+
+    /// A small code exchanged between ranks to check they agree.
+    pub(crate) const fn code(self) -> i32 {
+        match self {
+            Self::Auto => 0,
+            Self::Native => 1,
+            Self::Composed => 2,
+        }
+    }
+
+    /// The inverse of [`Lowering::code`].
+    pub(crate) fn from_code(code: i32) -> Option<Self> {
+        [Self::Auto, Self::Native, Self::Composed]
+            .into_iter()
+            .find(|l| l.code() == code)
+    }
+
+    /// `SAFEMLX_DIST_LOWERING`, or `auto` when unset.
+    pub fn from_env() -> Result<Self, Error> {
+        match std::env::var(LOWERING_ENV) {
+            Ok(value) => value.parse(),
+            Err(std::env::VarError::NotPresent) => Ok(Self::Auto),
+            Err(std::env::VarError::NotUnicode(value)) => Err(Error::InvalidLowering {
+                value: value.to_string_lossy().into_owned(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Lowering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Lowering {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self, Error> {
+        [Self::Auto, Self::Native, Self::Composed]
+            .into_iter()
+            .find(|l| l.as_str() == value)
+            .ok_or_else(|| Error::InvalidLowering {
+                value: value.to_owned(),
+            })
+    }
+}
+
+/// The algorithm of an all-reduce (`all_sum`, `all_max`, `all_min`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AllReducePlan {
+    /// MLX's op.
+    Native,
+    /// Ring reduce-scatter then ring all-gather, from `send`/`recv` to neighbours.
+    Ring,
+}
+
+/// The algorithm of a `sum_scatter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SumScatterPlan {
+    /// MLX's op (backends that have it: NCCL).
+    Native,
+    /// MLX's `all_sum`, then this rank's chunk.
+    AllSumSlice,
+    /// Ring reduce-scatter from `send`/`recv` to neighbours.
+    Ring,
+}
+
+/// Below this many bytes, the ring backend's native all-reduce is slower
+/// than the composition (measured: see the book's table).
+pub(crate) const RING_ALL_REDUCE_COMPOSED_MAX_BYTES: usize = 32 << 20;
+
+pub(crate) fn all_reduce(
+    lowering: Lowering,
+    backend: Backend,
+    elements: usize,
+    bytes: usize,
+    size: usize,
+) -> AllReducePlan {
+    // The composition splits the elements into `size` chunks: it needs one each.
+    if elements < size {
+        return AllReducePlan::Native;
+    }
+    match lowering {
+        Lowering::Native => AllReducePlan::Native,
+        Lowering::Composed => AllReducePlan::Ring,
+        Lowering::Auto => match backend {
+            Backend::Ring if bytes <= RING_ALL_REDUCE_COMPOSED_MAX_BYTES => AllReducePlan::Ring,
+            _ => AllReducePlan::Native,
+        },
+    }
+}
+
+pub(crate) fn sum_scatter(lowering: Lowering, backend: Backend) -> SumScatterPlan {
+    let native_has_it = backend == Backend::Nccl;
+    match lowering {
+        Lowering::Composed => SumScatterPlan::Ring,
+        _ if native_has_it => SumScatterPlan::Native,
+        Lowering::Native => SumScatterPlan::AllSumSlice,
+        Lowering::Auto => match backend {
+            Backend::Ring => SumScatterPlan::Ring,
+            _ => SumScatterPlan::AllSumSlice,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowering_names_parse_and_bad_ones_are_explained() {
+        for l in [Lowering::Auto, Lowering::Native, Lowering::Composed] {
+            assert_eq!(l.as_str().parse::<Lowering>(), Ok(l));
+            assert_eq!(Lowering::from_code(l.code()), Some(l));
+        }
+        assert_eq!(
+            "fast".parse::<Lowering>().unwrap_err().to_string(),
+            "SAFEMLX_DIST_LOWERING must be native, composed or auto, got \"fast\""
+        );
+    }
+
+    #[test]
+    fn plans_follow_the_documented_rules() {
+        use AllReducePlan as A;
+        use SumScatterPlan as S;
+        let mib = 1 << 20;
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Ring, mib / 4, mib, 2),
+            A::Ring
+        );
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Ring, 16 * mib, 64 * mib, 2),
+            A::Native
+        );
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Mpi, 1024, 4096, 4),
+            A::Native
+        );
+        assert_eq!(
+            all_reduce(Lowering::Composed, Backend::Mpi, 1024, 4096, 4),
+            A::Ring
+        );
+        assert_eq!(
+            all_reduce(Lowering::Composed, Backend::Ring, 3, 12, 4),
+            A::Native
+        );
+        assert_eq!(
+            all_reduce(Lowering::Native, Backend::Ring, 1024, 4096, 2),
+            A::Native
+        );
+        assert_eq!(sum_scatter(Lowering::Auto, Backend::Ring), S::Ring);
+        assert_eq!(sum_scatter(Lowering::Auto, Backend::Mpi), S::AllSumSlice);
+        assert_eq!(sum_scatter(Lowering::Auto, Backend::Any), S::AllSumSlice);
+        assert_eq!(sum_scatter(Lowering::Native, Backend::Ring), S::AllSumSlice);
+        assert_eq!(sum_scatter(Lowering::Auto, Backend::Nccl), S::Native);
+        assert_eq!(sum_scatter(Lowering::Composed, Backend::Mpi), S::Ring);
+    }
+}

@@ -1,0 +1,17 @@
+//! The safe runtime layer: backends, groups and collectives, with every
+//! argument validated before native code (`spec/runtime.md`).
+
+mod backend;
+mod collectives;
+mod composed;
+mod group;
+mod lowering;
+mod native;
+mod validate;
+
+pub use backend::{is_available, Backend};
+pub use collectives::{
+    all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
+};
+pub use group::{init, Group};
+pub use lowering::{Lowering, LOWERING_ENV};

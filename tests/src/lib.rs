@@ -1,0 +1,149 @@
+//! Shared checks for the multi-process tests: each rank computes every
+//! collective and compares it with values computed on the host.
+//!
+//! The tests in `tests/` start real ranks with
+//! [`safemlx_dist::launch::Ranks`]; the functions here are what each rank runs.
+
+use safemlx::{Array, Device, DeviceType, Dtype, Stream};
+use safemlx_dist::{
+    all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter, Group,
+};
+
+/// The dtypes every collective is checked with.
+pub const DTYPES: [Dtype; 3] = [Dtype::Float32, Dtype::Bfloat16, Dtype::Int32];
+
+/// A CPU stream.
+pub fn cpu() -> Stream {
+    Stream::new_with_device(&Device::new(DeviceType::Cpu, 0))
+}
+
+/// `values` (small integers, exact in every dtype of [`DTYPES`]) as `dtype`.
+pub fn array(values: &[i32], shape: &[i32], dtype: Dtype, stream: &Stream) -> Array {
+    Array::from_slice(values, shape)
+        .as_dtype(dtype, stream)
+        .expect("cast to the test dtype")
+}
+
+/// Evaluates `array` and reads it back as `i32`, checking its dtype first.
+pub fn read(array: &Array, dtype: Dtype, stream: &Stream) -> Vec<i32> {
+    assert_eq!(array.dtype(), dtype, "collectives keep the dtype");
+    array
+        .as_dtype(Dtype::Int32, stream)
+        .and_then(|a| a.into_evaluated())
+        .expect("evaluates")
+        .try_to_vec::<i32>()
+        .expect("int32 data")
+}
+
+/// Checks the reductions, gather and scatter for one dtype on `group`.
+pub fn check_reductions(group: &Group, dtype: Dtype) {
+    let (r, n) = (group.rank() as i32, group.size() as i32);
+    let s = cpu();
+    // x_r[i] = (r + 1) * (i + 1), 2n values so that sum_scatter divides.
+    let len = 2 * n;
+    let x: Vec<i32> = (0..len).map(|i| (r + 1) * (i + 1)).collect();
+    let input = array(&x, &[len], dtype, &s);
+    let sum_of_ranks = n * (n + 1) / 2;
+
+    let sum = all_sum(&input, group, &s).expect("all_sum");
+    let expected: Vec<i32> = (0..len).map(|i| sum_of_ranks * (i + 1)).collect();
+    assert_eq!(read(&sum, dtype, &s), expected, "all_sum {dtype:?}");
+    assert_eq!(sum.shape(), &[len]);
+
+    let max = all_max(&input, group, &s).expect("all_max");
+    let expected: Vec<i32> = (0..len).map(|i| n * (i + 1)).collect();
+    assert_eq!(read(&max, dtype, &s), expected, "all_max {dtype:?}");
+
+    let min = all_min(&input, group, &s).expect("all_min");
+    let expected: Vec<i32> = (0..len).map(|i| i + 1).collect();
+    assert_eq!(read(&min, dtype, &s), expected, "all_min {dtype:?}");
+
+    // all_gather of a [2, 3] block per rank: [2n, 3] in rank order.
+    let block: Vec<i32> = (0..6).map(|j| r * 10 + j).collect();
+    let gathered = all_gather(&array(&block, &[2, 3], dtype, &s), group, &s).expect("all_gather");
+    assert_eq!(gathered.shape(), &[2 * n, 3], "all_gather shape");
+    let expected: Vec<i32> = (0..n)
+        .flat_map(|q| (0..6).map(move |j| q * 10 + j))
+        .collect();
+    assert_eq!(read(&gathered, dtype, &s), expected, "all_gather {dtype:?}");
+
+    // sum_scatter of [2n, 2]: rank r keeps rows 2r and 2r + 1 of the sum.
+    let rows: Vec<i32> = (0..len * 2).map(|i| (r + 1) * (i + 1)).collect();
+    let scattered =
+        sum_scatter(&array(&rows, &[len, 2], dtype, &s), group, &s).expect("sum_scatter");
+    assert_eq!(scattered.shape(), &[2, 2], "sum_scatter shape");
+    let expected: Vec<i32> = (4 * r..4 * r + 4).map(|i| sum_of_ranks * (i + 1)).collect();
+    assert_eq!(
+        read(&scattered, dtype, &s),
+        expected,
+        "sum_scatter {dtype:?}"
+    );
+}
+
+/// Rank `from` sends `(from + to) % 3` rows to rank `to`: uneven, with zero
+/// rows between some pairs (and for some ranks to themselves).
+pub fn rows_between(from: usize, to: usize) -> usize {
+    (from + to) % 3
+}
+
+/// Checks `all_to_all_v` with uneven counts, zero rows included.
+pub fn check_all_to_all_v(group: &Group, dtype: Dtype) {
+    let (r, n) = (group.rank(), group.size());
+    let s = cpu();
+    let send_counts: Vec<usize> = (0..n).map(|d| rows_between(r, d)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|src| rows_between(src, r)).collect();
+    // Each row is [sender, destination, index within the message].
+    let row = |from: usize, to: usize, k: usize| [from as i32, to as i32, k as i32];
+    let input: Vec<i32> = (0..n)
+        .flat_map(|d| (0..send_counts[d]).flat_map(move |k| row(r, d, k)))
+        .collect();
+    let rows = send_counts.iter().sum::<usize>() as i32;
+    let x = array(&input, &[rows, 3], dtype, &s);
+    let y = all_to_all_v(&x, &send_counts, &recv_counts, group, &s).expect("all_to_all_v");
+    let expected: Vec<i32> = (0..n)
+        .flat_map(|src| (0..recv_counts[src]).flat_map(move |k| row(src, r, k)))
+        .collect();
+    assert_eq!(y.shape(), &[recv_counts.iter().sum::<usize>() as i32, 3]);
+    assert_eq!(read(&y, dtype, &s), expected, "all_to_all_v {dtype:?}");
+}
+
+/// Checks `send`, `recv` and `recv_like` around the ring: each rank sends to
+/// the next rank and receives from the previous one. Sends and receives
+/// each have a stream of their own: a receive blocks its stream until the
+/// data arrives, so nothing the peer's send waits for may queue behind it.
+pub fn check_point_to_point(group: &Group, dtype: Dtype) {
+    let (r, n) = (group.rank(), group.size());
+    let (s, to_peer, from_peer) = (cpu(), cpu(), cpu());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mine = array(&[r as i32, 7, 9], &[3], dtype, &s);
+    let sent = send(&mine, next, group, &to_peer).expect("send");
+    let got = recv(&[3], dtype, prev, group, &from_peer).expect("recv");
+    safemlx::transforms::eval([&sent, &got]).expect("send/recv evaluate");
+    assert_eq!(read(&got, dtype, &s), [prev as i32, 7, 9], "recv {dtype:?}");
+
+    let sent = send(&mine, next, group, &to_peer).expect("send");
+    let got = recv_like(&mine, prev, group, &from_peer).expect("recv_like");
+    safemlx::transforms::eval([&sent, &got]).expect("send/recv_like evaluate");
+    assert_eq!(
+        read(&got, dtype, &s),
+        [prev as i32, 7, 9],
+        "recv_like {dtype:?}"
+    );
+}
+
+/// Every collective, every dtype of [`DTYPES`].
+pub fn check_every_collective(group: &Group) {
+    for dtype in DTYPES {
+        println!("{dtype:?}: reductions");
+        check_reductions(group, dtype);
+        println!("{dtype:?}: all_to_all_v");
+        check_all_to_all_v(group, dtype);
+        println!("{dtype:?}: send/recv");
+        check_point_to_point(group, dtype);
+    }
+    println!(
+        "rank {} of {}: every collective checked",
+        group.rank(),
+        group.size()
+    );
+}

@@ -1,0 +1,127 @@
+//! `cargo xtask bench collectives`: every collective, ring and MPI, 2 and 4
+//! ranks, 4 KiB to 64 MiB, each lowering; JSON lines in
+//! `target/bench/collectives.jsonl`, then the targets' ratios.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::{cmd, setup};
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("collectives") | None => collectives(),
+        Some(other) => Err(format!("unknown benchmark {other:?}; expected: collectives")),
+    }
+}
+
+fn collectives() -> Result<(), String> {
+    setup::run()?;
+    cmd::run(cmd::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "safemlx-dist-examples",
+        "--example",
+        "bench",
+        "--package",
+        "safemlx-dist",
+        "--bin",
+        "safemlx-launch",
+    ]))?;
+    let release = cmd::target_dir().join("release");
+    let out_dir = cmd::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let out = out_dir.join("collectives.jsonl");
+    std::fs::write(&out, "").map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    for backend in ["ring", "mpi"] {
+        for ranks in ["2", "4"] {
+            let mut launch = Command::new(release.join("safemlx-launch"));
+            launch
+                .args(["-n", ranks, "--backend", backend, "--timeout", "1200", "--"])
+                .arg(release.join("examples").join("bench"))
+                .args(["--backend", backend, "--out"])
+                .arg(&out)
+                // One BLAS thread per rank: each rank stands for one device.
+                .env("OPENBLAS_NUM_THREADS", "1");
+            cmd::run(launch)?;
+        }
+    }
+    let rows = read_rows(&std::fs::read_to_string(&out).map_err(|e| e.to_string())?)?;
+    println!("bench: {} measurements in {}", rows.len(), out.display());
+    report(&rows);
+    Ok(())
+}
+
+/// (op, backend, ranks, bytes) -> strategy -> median seconds.
+type Table = BTreeMap<(String, String, u64, u64), BTreeMap<String, f64>>;
+
+fn read_rows(text: &str) -> Result<Vec<Value>, String> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("bad bench line {l:?}: {e}")))
+        .collect()
+}
+
+fn table(rows: &[Value]) -> Table {
+    let mut table = Table::new();
+    for row in rows {
+        let key = (
+            row["op"].as_str().unwrap_or_default().to_owned(),
+            row["backend"].as_str().unwrap_or_default().to_owned(),
+            row["ranks"].as_u64().unwrap_or_default(),
+            row["bytes"].as_u64().unwrap_or_default(),
+        );
+        let strategy = row["strategy"].as_str().unwrap_or_default().to_owned();
+        let seconds = row["seconds_median"].as_f64().unwrap_or(f64::NAN);
+        table.entry(key).or_default().insert(strategy, seconds);
+    }
+    table
+}
+
+fn report(rows: &[Value]) {
+    let table = table(rows);
+    let time = |op: &str, backend: &str, ranks: u64, bytes: u64, strategy: &str| {
+        table
+            .get(&(op.to_owned(), backend.to_owned(), ranks, bytes))
+            .and_then(|s| s.get(strategy))
+            .copied()
+    };
+    let mib = 1 << 20;
+    if let (Some(native), Some(auto)) = (
+        time("all_sum", "ring", 2, mib, "native"),
+        time("all_sum", "ring", 2, mib, "auto"),
+    ) {
+        println!(
+            "target: ring x2 all_sum 1 MiB, auto vs native: {:.2}x faster (goal >= 4x)",
+            native / auto
+        );
+    }
+    for backend in ["ring", "mpi"] {
+        if let (Some(slice), Some(auto)) = (
+            time("sum_scatter", backend, 2, 16 * mib, "native"),
+            time("sum_scatter", backend, 2, 16 * mib, "auto"),
+        ) {
+            println!(
+                "target: {backend} x2 sum_scatter 16 MiB, auto vs all_sum + slice: {:.2}x the throughput (goal {})",
+                slice / auto,
+                if backend == "ring" { ">= 1.5x" } else { ">= 1x" }
+            );
+        }
+    }
+    let worst = table
+        .iter()
+        .filter_map(|(key, strategies)| {
+            let auto = strategies.get("auto")?;
+            let best = strategies.values().copied().fold(f64::INFINITY, f64::min);
+            Some((auto / best, key))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((ratio, (op, backend, ranks, bytes))) = worst {
+        println!(
+            "target: auto's worst case is {:.0}% slower than the best strategy ({op}, {backend} x{ranks}, {bytes} bytes; goal <= 10%)",
+            (ratio - 1.0) * 100.0
+        );
+    }
+}

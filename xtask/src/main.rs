@@ -1,0 +1,37 @@
+//! `cargo xtask <command>`: the project's automation.
+//!
+//! - `setup`   install missing Debian prerequisites and mdbook
+//! - `test`    setup, fmt, clippy, the whole test suite, the book
+//! - `demo`    setup, release build, run the collectives example
+//! - `bindgen` regenerate `ffi/src/bindings.rs` from the MLX-C headers
+//! - `bench collectives` measure every collective and lowering (JSON lines)
+
+mod bench;
+mod bindings;
+mod cmd;
+mod setup;
+mod tasks;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <setup|test|demo|bindgen|bench collectives>";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::run(),
+        Some("test") => tasks::test(),
+        Some("demo") => tasks::demo(),
+        Some("bindgen") => bindings::generate(),
+        Some("bench") => bench::run(&args[1..]),
+        Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
+        None => Err(USAGE.to_owned()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
