@@ -147,3 +147,33 @@ pub fn check_every_collective(group: &Group) {
         group.size()
     );
 }
+
+/// All-reduces of an input whose element count (15) no group size here
+/// divides, so the composed lowering's chunks are uneven.
+pub fn check_uneven_all_reduce(group: &Group, dtype: Dtype) {
+    let (r, n) = (group.rank() as i32, group.size() as i32);
+    let s = cpu();
+    let x: Vec<i32> = (0..15).map(|i| (r + 1) * (i + 1)).collect();
+    let input = array(&x, &[3, 5], dtype, &s);
+    let sum = all_sum(&input, group, &s).expect("all_sum");
+    assert_eq!(sum.shape(), &[3, 5]);
+    let expected: Vec<i32> = (0..15).map(|i| n * (n + 1) / 2 * (i + 1)).collect();
+    assert_eq!(read(&sum, dtype, &s), expected, "uneven all_sum {dtype:?}");
+    let max = all_max(&input, group, &s).expect("all_max");
+    let expected: Vec<i32> = (0..15).map(|i| n * (i + 1)).collect();
+    assert_eq!(read(&max, dtype, &s), expected, "uneven all_max {dtype:?}");
+}
+
+/// The reductions and `sum_scatter` under every lowering: the numbers must
+/// not depend on how a collective is carried.
+pub fn check_every_lowering(group: &Group) {
+    use safemlx_dist::Lowering;
+    for lowering in [Lowering::Native, Lowering::Composed, Lowering::Auto] {
+        let group = group.with_lowering(lowering).expect("ranks agree");
+        for dtype in [Dtype::Float32, Dtype::Int32] {
+            println!("{lowering} {dtype:?}");
+            check_reductions(&group, dtype);
+            check_uneven_all_reduce(&group, dtype);
+        }
+    }
+}
