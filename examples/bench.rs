@@ -57,19 +57,45 @@ struct Streams {
     recv: Stream,
 }
 
-fn ops() -> Vec<(&'static str, Op, f64)> {
-    // (name, op, bus-bandwidth factor as a function of n applied later)
+/// How an op's bus bandwidth relates to its algorithm bandwidth (the
+/// conventions of NCCL's tests).
+#[derive(Clone, Copy)]
+enum Traffic {
+    /// All-reduce: `2 (n - 1) / n`.
+    AllReduce,
+    /// Reduce-scatter, all-gather, all-to-all: `(n - 1) / n`.
+    OneWay,
+    /// Point-to-point: 1.
+    PeerToPeer,
+}
+
+impl Traffic {
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Self::AllReduce => 2.0 * (n - 1.0) / n,
+            Self::OneWay => (n - 1.0) / n,
+            Self::PeerToPeer => 1.0,
+        }
+    }
+}
+
+fn ops() -> Vec<(&'static str, Op, Traffic)> {
     vec![
-        ("all_sum", |g, x, s, _| Ok(vec![all_sum(x, g, s)?]), 0.0),
+        (
+            "all_sum",
+            |g, x, s, _| Ok(vec![all_sum(x, g, s)?]),
+            Traffic::AllReduce,
+        ),
         (
             "sum_scatter",
             |g, x, s, _| Ok(vec![sum_scatter(x, g, s)?]),
-            1.0,
+            Traffic::OneWay,
         ),
         (
             "all_gather",
             |g, x, s, _| Ok(vec![all_gather(x, g, s)?]),
-            2.0,
+            Traffic::OneWay,
         ),
         (
             "all_to_all_v",
@@ -79,7 +105,7 @@ fn ops() -> Vec<(&'static str, Op, f64)> {
                 let counts = vec![rows / n; n];
                 Ok(vec![all_to_all_v(x, &counts, &counts, g, s)?])
             },
-            3.0,
+            Traffic::OneWay,
         ),
         (
             "send_recv",
@@ -90,19 +116,9 @@ fn ops() -> Vec<(&'static str, Op, f64)> {
                 let got = recv(x.shape(), x.dtype(), prev, g, &p.recv)?;
                 Ok(vec![sent, got])
             },
-            4.0,
+            Traffic::PeerToPeer,
         ),
     ]
-}
-
-/// NCCL-tests bus bandwidth factor for `op` on `n` ranks.
-fn bus_factor(kind: f64, n: usize) -> f64 {
-    let n = n as f64;
-    match kind as u8 {
-        0 => 2.0 * (n - 1.0) / n,
-        1..=3 => (n - 1.0) / n,
-        _ => 1.0,
-    }
 }
 
 fn run() -> Result<(), String> {
@@ -134,7 +150,7 @@ fn run() -> Result<(), String> {
         ("composed", Lowering::Composed),
         ("auto", Lowering::Auto),
     ];
-    for (op_name, op, kind) in ops() {
+    for (op_name, op, traffic) in ops() {
         // Only these ops have more than one lowering.
         let has_strategies = matches!(op_name, "all_sum" | "sum_scatter");
         for &bytes in SIZES.iter().filter(|b| **b <= max_bytes) {
@@ -143,7 +159,7 @@ fn run() -> Result<(), String> {
             let data: Vec<f32> = (0..rows * 256).map(|i| (i % 1000) as f32).collect();
             let x = Array::from_slice(&data, &[rows as i32, 256]);
             x.evaluated().map_err(|e| e.to_string())?;
-            let iters = ((64usize << 20) / bytes).clamp(3, 20);
+            let iters = ((256usize << 20) / bytes).clamp(5, 40);
             for (strategy, lowering) in strategies
                 .iter()
                 .filter(|(name, _)| has_strategies || *name == "native")
@@ -160,7 +176,7 @@ fn run() -> Result<(), String> {
                 }
                 times.sort_by(f64::total_cmp);
                 let median = times[times.len() / 2];
-                let busbw = (rows * 1024) as f64 / median * bus_factor(kind, n) / 1e9;
+                let busbw = (rows * 1024) as f64 / median * traffic.bus_factor(n) / 1e9;
                 if rank == 0 {
                     let line = format!(
                         r#"{{"op":"{op_name}","backend":"{backend}","ranks":{n},"bytes":{},"dtype":"{}","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{busbw:.4}}}"#,

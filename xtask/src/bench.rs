@@ -12,7 +12,9 @@ use crate::{cmd, setup};
 pub fn run(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("collectives") | None => collectives(),
-        Some(other) => Err(format!("unknown benchmark {other:?}; expected: collectives")),
+        Some(other) => Err(format!(
+            "unknown benchmark {other:?}; expected: collectives"
+        )),
     }
 }
 
@@ -32,7 +34,8 @@ fn collectives() -> Result<(), String> {
     ]))?;
     let release = cmd::target_dir().join("release");
     let out_dir = cmd::target_dir().join("bench");
-    std::fs::create_dir_all(&out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let out = out_dir.join("collectives.jsonl");
     std::fs::write(&out, "").map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     for backend in ["ring", "mpi"] {

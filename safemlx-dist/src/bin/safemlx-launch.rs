@@ -93,7 +93,7 @@ fn main() -> ExitCode {
         }
     };
     match launch.run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("safemlx-launch: {error}");
             let started = matches!(

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use hostfile::{RingHosts, TempHostfile};
-pub use ranks::Ranks;
+pub use ranks::{Ranks, RANK_OF_ENV};
 
 use crate::Backend;
 use supervise::{supervise, Outcome, Relabel};
@@ -83,6 +83,13 @@ pub enum LaunchError {
         /// mpirun's exit status.
         status: String,
     },
+    /// Every rank succeeded but `mpirun` reported a problem (for example
+    /// an abnormal termination); the lines are in the message.
+    #[error("mpirun reported a problem although every rank exited 0: {}", .lines.join(" / "))]
+    MpirunReported {
+        /// What mpirun printed.
+        lines: Vec<String>,
+    },
     /// The timeout passed; every rank was stopped.
     #[error("timed out after {seconds} s; ranks still running: {running}")]
     TimedOut {
@@ -94,6 +101,14 @@ pub enum LaunchError {
     /// A file could not be written or a port reserved.
     #[error("{0}")]
     Io(String),
+}
+
+/// What a successful launch leaves to look at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaunchReport {
+    /// Lines `mpirun` printed itself (not a rank's output), e.g. a report
+    /// of a rank that did not finalize MPI. Empty for a clean MPI run.
+    pub mpirun_messages: Vec<String>,
 }
 
 /// A program to start as `ranks` processes.
@@ -195,7 +210,10 @@ impl Launch {
 
     /// Starts the ranks and waits for them; output goes to this process's
     /// stdout and stderr, each line prefixed `[rank K] `.
-    pub fn run(&self) -> Result<(), LaunchError> {
+    ///
+    /// On success the report holds what `mpirun` itself printed (nothing,
+    /// for ranks that shut down cleanly; always nothing for ring).
+    pub fn run(&self) -> Result<LaunchReport, LaunchError> {
         let hosts = self.validate()?;
         let mut env = self.env.clone();
         env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
@@ -209,7 +227,7 @@ impl Launch {
         &self,
         hosts: &RingHosts,
         env: Vec<(OsString, OsString)>,
-    ) -> Result<(), LaunchError> {
+    ) -> Result<LaunchReport, LaunchError> {
         let file = hosts.write_temp()?;
         let commands = (0..self.ranks)
             .map(|rank| {
@@ -227,7 +245,7 @@ impl Launch {
         let outcome = supervise(commands, self.timeout, relabel)?;
         drop(file);
         match outcome {
-            Outcome::Success => Ok(()),
+            Outcome::Success => Ok(LaunchReport::default()),
             Outcome::Failed { label, status } => Err(LaunchError::RankFailed {
                 rank: label,
                 status: status.to_string(),
@@ -242,7 +260,7 @@ impl Launch {
         }
     }
 
-    fn run_mpi(&self, env: Vec<(OsString, OsString)>) -> Result<(), LaunchError> {
+    fn run_mpi(&self, env: Vec<(OsString, OsString)>) -> Result<LaunchReport, LaunchError> {
         let command = mpi::command(self.ranks, &env, &self.program, &self.args);
         // mpirun's own (untagged) lines are kept to find the failed rank.
         let report = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -263,7 +281,18 @@ impl Launch {
             pieces.join("\n")
         });
         match supervise(vec![(0, command)], self.timeout, relabel)? {
-            Outcome::Success => Ok(()),
+            Outcome::Success => Ok(LaunchReport {
+                mpirun_messages: report
+                    .lock()
+                    .map(|lines| {
+                        lines
+                            .iter()
+                            .filter(|l| !l.trim().is_empty())
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }),
             Outcome::Failed { status, .. } => {
                 let lines = report.lock().map(|l| l.clone()).unwrap_or_default();
                 Err(match mpi::failed_rank(&lines) {

@@ -69,7 +69,8 @@ impl Ranks {
     ///
     /// # Errors
     /// In the test, the launch's error: a rank that failed (named), a
-    /// timeout, or a launch that could not start.
+    /// timeout, a launch that could not start, or, under MPI, anything
+    /// `mpirun` reported itself (ranks must shut down cleanly).
     ///
     /// # Panics
     /// In a rank, when the group cannot be initialised (the parent then
@@ -86,11 +87,18 @@ impl Ranks {
         }
         let exe = std::env::current_exe()
             .map_err(|e| LaunchError::Io(format!("cannot find the running test binary: {e}")))?;
-        Launch::new(self.ranks, exe)
+        let report = Launch::new(self.ranks, exe)
             .backend(self.backend)
             .timeout(self.timeout)
             .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
             .env(RANK_OF_ENV, &test)
-            .run()
+            .run()?;
+        if report.mpirun_messages.is_empty() {
+            Ok(())
+        } else {
+            Err(LaunchError::MpirunReported {
+                lines: report.mpirun_messages,
+            })
+        }
     }
 }

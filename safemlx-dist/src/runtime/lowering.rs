@@ -27,7 +27,10 @@ pub enum Lowering {
     /// slice where MLX has no reduce-scatter). Required when ranks of other
     /// programs, e.g. MLX Python ranks, share the group.
     Native,
-    /// Always the `send`/`recv` compositions (for benchmarks and tests).
+    /// The `send`/`recv` compositions wherever the backend allows them
+    /// (ring), for benchmarks and tests; MPI keeps its native ops, since
+    /// MLX's MPI backend does not allow a send and a receive in flight at
+    /// once from two threads.
     Composed,
 }
 
@@ -112,6 +115,15 @@ pub(crate) enum SumScatterPlan {
 /// than the composition (measured: see the book's table).
 pub(crate) const RING_ALL_REDUCE_COMPOSED_MAX_BYTES: usize = 32 << 20;
 
+/// Whether the compositions may run on `backend`: they need a send and a
+/// receive in flight at once from two threads. MLX's ring backend allows
+/// that; MLX initialises MPI without `MPI_THREAD_MULTIPLE`, and a blocked
+/// `MPI_Send` of a large message then never sees its peer's receive (a
+/// measured deadlock at 64 KiB), so MPI, and an unknown backend, stay native.
+pub(crate) fn composable(backend: Backend) -> bool {
+    backend == Backend::Ring
+}
+
 pub(crate) fn all_reduce(
     lowering: Lowering,
     backend: Backend,
@@ -120,7 +132,7 @@ pub(crate) fn all_reduce(
     size: usize,
 ) -> AllReducePlan {
     // The composition splits the elements into `size` chunks: it needs one each.
-    if elements < size {
+    if elements < size || !composable(backend) {
         return AllReducePlan::Native;
     }
     match lowering {
@@ -136,13 +148,9 @@ pub(crate) fn all_reduce(
 pub(crate) fn sum_scatter(lowering: Lowering, backend: Backend) -> SumScatterPlan {
     let native_has_it = backend == Backend::Nccl;
     match lowering {
-        Lowering::Composed => SumScatterPlan::Ring,
         _ if native_has_it => SumScatterPlan::Native,
-        Lowering::Native => SumScatterPlan::AllSumSlice,
-        Lowering::Auto => match backend {
-            Backend::Ring => SumScatterPlan::Ring,
-            _ => SumScatterPlan::AllSumSlice,
-        },
+        Lowering::Composed | Lowering::Auto if composable(backend) => SumScatterPlan::Ring,
+        _ => SumScatterPlan::AllSumSlice,
     }
 }
 
@@ -181,6 +189,10 @@ mod tests {
         );
         assert_eq!(
             all_reduce(Lowering::Composed, Backend::Mpi, 1024, 4096, 4),
+            A::Native
+        );
+        assert_eq!(
+            all_reduce(Lowering::Composed, Backend::Ring, 1024, 4096, 4),
             A::Ring
         );
         assert_eq!(
@@ -196,6 +208,10 @@ mod tests {
         assert_eq!(sum_scatter(Lowering::Auto, Backend::Any), S::AllSumSlice);
         assert_eq!(sum_scatter(Lowering::Native, Backend::Ring), S::AllSumSlice);
         assert_eq!(sum_scatter(Lowering::Auto, Backend::Nccl), S::Native);
-        assert_eq!(sum_scatter(Lowering::Composed, Backend::Mpi), S::Ring);
+        assert_eq!(
+            sum_scatter(Lowering::Composed, Backend::Mpi),
+            S::AllSumSlice
+        );
+        assert_eq!(sum_scatter(Lowering::Composed, Backend::Ring), S::Ring);
     }
 }
