@@ -50,12 +50,7 @@ fn flag(name: &str) -> Option<String> {
 }
 
 /// One operation under test, built fresh each iteration.
-type Op = fn(&Group, &Array, &Stream, &Streams) -> safemlx_dist::Result<Vec<Array>>;
-
-struct Streams {
-    send: Stream,
-    recv: Stream,
-}
+type Op = fn(&Group, &Array, &Stream) -> safemlx_dist::Result<Vec<Array>>;
 
 /// How an op's bus bandwidth relates to its algorithm bandwidth (the
 /// conventions of NCCL's tests).
@@ -84,22 +79,22 @@ fn ops() -> Vec<(&'static str, Op, Traffic)> {
     vec![
         (
             "all_sum",
-            |g, x, s, _| Ok(vec![all_sum(x, g, s)?]),
+            |g, x, s| Ok(vec![all_sum(x, g, s)?]),
             Traffic::AllReduce,
         ),
         (
             "sum_scatter",
-            |g, x, s, _| Ok(vec![sum_scatter(x, g, s)?]),
+            |g, x, s| Ok(vec![sum_scatter(x, g, s)?]),
             Traffic::OneWay,
         ),
         (
             "all_gather",
-            |g, x, s, _| Ok(vec![all_gather(x, g, s)?]),
+            |g, x, s| Ok(vec![all_gather(x, g, s)?]),
             Traffic::OneWay,
         ),
         (
             "all_to_all_v",
-            |g, x, s, _| {
+            |g, x, s| {
                 let n = g.size();
                 let rows = x.shape()[0] as usize;
                 let counts = vec![rows / n; n];
@@ -109,12 +104,21 @@ fn ops() -> Vec<(&'static str, Op, Traffic)> {
         ),
         (
             "send_recv",
-            |g, x, _, p| {
+            |g, x, s| {
+                // Even ranks send first, odd ranks receive first: an order
+                // that pairs up on every backend (MPI included).
                 let n = g.size();
                 let (next, prev) = ((g.rank() + 1) % n, (g.rank() + n - 1) % n);
-                let sent = send(x, next, g, &p.send)?;
-                let got = recv(x.shape(), x.dtype(), prev, g, &p.recv)?;
-                Ok(vec![sent, got])
+                let sent = send(x, next, g, s)?;
+                let got = recv(x.shape(), x.dtype(), prev, g, s)?;
+                let (first, second) = if g.rank() % 2 == 0 {
+                    (sent, got)
+                } else {
+                    (got, sent)
+                };
+                first.evaluated()?;
+                second.evaluated()?;
+                Ok(vec![first, second])
             },
             Traffic::PeerToPeer,
         ),
@@ -131,10 +135,6 @@ fn run() -> Result<(), String> {
     let world = init(true, backend).map_err(|e| e.to_string())?;
     let (rank, n) = (world.rank(), world.size());
     let s = cpu_stream();
-    let p = Streams {
-        send: cpu_stream(),
-        recv: cpu_stream(),
-    };
     let mut file = match (&out, rank) {
         (Some(path), 0) => Some(
             std::fs::OpenOptions::new()
@@ -168,7 +168,7 @@ fn run() -> Result<(), String> {
                 let mut times = Vec::with_capacity(iters);
                 for i in 0..=iters {
                     let started = Instant::now();
-                    let outputs = op(&group, &x, &s, &p).map_err(|e| e.to_string())?;
+                    let outputs = op(&group, &x, &s).map_err(|e| e.to_string())?;
                     safemlx::transforms::eval(&outputs).map_err(|e| e.what().to_owned())?;
                     if i > 0 {
                         times.push(started.elapsed().as_secs_f64());
@@ -183,11 +183,15 @@ fn run() -> Result<(), String> {
                         rows * 1024,
                         dtype_name(Dtype::Float32),
                     );
-                    eprintln!(
-                        "{op_name:>12} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} ms  {busbw:>7.3} GB/s",
+                    // One write per line: mpirun tags every chunk it reads.
+                    let progress = format!(
+                        "{op_name:>12} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} ms  {busbw:>7.3} GB/s\n",
                         human(rows * 1024),
                         median * 1e3
                     );
+                    std::io::stderr()
+                        .write_all(progress.as_bytes())
+                        .map_err(|e| e.to_string())?;
                     if let Some(f) = file.as_mut() {
                         writeln!(f, "{line}").map_err(|e| e.to_string())?;
                     }

@@ -55,6 +55,24 @@ pub enum Error {
         /// Another value in the group.
         highest: &'static str,
     },
+    /// A `Mesh<N>` was made from a group of another size.
+    #[error("this program is written for a mesh of {expected} ranks but was started with {actual}; launch it with -n {expected}")]
+    MeshSize {
+        /// `N`.
+        expected: usize,
+        /// The group's size.
+        actual: usize,
+    },
+    /// A size or index does not fit MLX's `i32` shapes.
+    #[error("{value} does not fit in an MLX dimension (i32)")]
+    ShapeOverflow {
+        /// The value.
+        value: usize,
+    },
+    /// A typed operation got an array of the wrong shape; the message says
+    /// which operation, what it got and what it needs.
+    #[error("{0}")]
+    Shape(String),
     /// The group size reported by MLX does not fit in `i32`.
     #[error("distributed group size does not fit in i32")]
     GroupSizeOverflow,

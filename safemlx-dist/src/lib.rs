@@ -24,6 +24,7 @@
 mod error;
 pub mod launch;
 mod runtime;
+pub mod typed;
 
 #[cfg(doctest)]
 mod book;
@@ -33,3 +34,4 @@ pub use runtime::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, init, is_available, recv, recv_like, send,
     sum_scatter, Backend, Group, Lowering, LOWERING_ENV,
 };
+pub use typed::{Collective, Mesh, Partial, Placement, Ragged, Replicated, Sharded, ShardedArray};

@@ -236,8 +236,14 @@ impl Launch {
                     .args(&self.args)
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .env("MLX_RANK", rank.to_string())
-                    .env("MLX_WORLD_SIZE", self.ranks.to_string())
-                    .env("MLX_HOSTFILE", file.path());
+                    .env("MLX_WORLD_SIZE", self.ranks.to_string());
+                // MLX's ring does not form a ring of one: a single rank gets
+                // no hostfile and runs as the singleton group.
+                if self.ranks > 1 {
+                    command.env("MLX_HOSTFILE", file.path());
+                } else {
+                    command.env_remove("MLX_HOSTFILE");
+                }
                 (rank, command)
             })
             .collect();

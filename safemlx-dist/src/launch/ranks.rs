@@ -65,7 +65,8 @@ impl Ranks {
     }
 
     /// In the test: starts the ranks and waits for them. In a rank: joins the
-    /// group (strict `init` of the backend) and runs `body`.
+    /// group (strict `init` of the backend; with one rank, the singleton)
+    /// and runs `body`.
     ///
     /// # Errors
     /// In the test, the launch's error: a rank that failed (named), a
@@ -79,7 +80,10 @@ impl Ranks {
         let thread = std::thread::current();
         let test = thread.name().unwrap_or("main").to_owned();
         if Self::is_rank_of(&test) {
-            let group = Group::init(true, self.backend).unwrap_or_else(|error| {
+            // One rank is the singleton group (MLX's ring does not form a
+            // ring of one); more join strictly, so a broken set-up fails.
+            let strict = self.ranks > 1;
+            let group = Group::init(strict, self.backend).unwrap_or_else(|error| {
                 panic!("rank could not join the {} group: {error}", self.backend)
             });
             body(&group);

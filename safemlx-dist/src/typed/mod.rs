@@ -1,0 +1,23 @@
+//! The typed layer: placements as types.
+//!
+//! A [`ShardedArray<P, C>`] is a rank's local array together with its group
+//! `C` and the logical shape; `P` says how the local array relates to the
+//! logical one. Transitions between placements lower to collectives
+//! ([`ShardedArray::redistribute`]); ops propagate placements by the tables
+//! in `ops.rs`, and what has no rule does not compile.
+
+mod collective;
+mod mesh;
+mod ops;
+mod placement;
+mod redistribute;
+mod sharded;
+
+pub use collective::Collective;
+pub use mesh::Mesh;
+pub use ops::{MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, TransposeRule};
+pub use placement::{
+    chunk, chunk_lengths, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
+};
+pub use redistribute::RedistributeTo;
+pub use sharded::ShardedArray;

@@ -1,0 +1,341 @@
+//! Placement-checked operations on [`ShardedArray`].
+//!
+//! The rules are tables; each row below is one trait impl, so the code reads
+//! like the book's table and a rule that is not there does not compile.
+//!
+//! | op | left | right | result |
+//! |---|---|---|---|
+//! | `matmul` | `Replicated` | `Replicated` | `Replicated` |
+//! | `matmul` | `Replicated` | `Sharded<1>` (column parallel) | `Sharded<1>` |
+//! | `matmul` | `Sharded<1>` | `Sharded<0>` (row parallel) | `Partial` |
+//! | `matmul` | `Sharded<0>` | `Replicated` | `Sharded<0>` |
+//! | `matmul` | `Partial` | `Replicated` | `Partial` |
+//! | `add`, `sub` | `P` | `P` | `P` |
+//! | `mul` | `P` (not `Partial`) | `P` | `P` |
+//! | `mul` | `Partial` | `Replicated` | `Partial` (and the mirror) |
+//! | `scale`, `neg` | `P` | | `P` |
+//! | `silu`, `gelu`, `exp` | `P` (not `Partial`) | | `P` |
+//! | `softmax::<AXIS>` | `Replicated`, `Ragged`, `Sharded<A>` with `A != AXIS` | | same |
+//! | `transpose` (2-D) | `Sharded<0>` / `Sharded<1>` | | `Sharded<1>` / `Sharded<0>` |
+
+use safemlx::{Array, Stream};
+
+use super::placement::{Nonlinear, Partial, Placement, Ragged, Replicated, Sharded};
+use super::sharded::ShardedArray;
+use super::Collective;
+use crate::error::{Error, Result};
+
+/// A right-hand side no operand has. Each rule trait has an impl for it so
+/// that no placement ever has exactly one rule: with one, the compiler would
+/// guess the operand's placement from it and report a type mismatch instead
+/// of the rule's message.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct NoRule;
+
+/// The placement of `Self` (left) times `Rhs` (right) by `matmul`.
+#[diagnostic::on_unimplemented(
+    message = "no matmul rule for `{Self}` x `{Rhs}`",
+    label = "`{Self}` times `{Rhs}` has no placement",
+    note = "the rules: Replicated x Sharded<1> (column parallel) -> Sharded<1>; Sharded<1> x Sharded<0> (row parallel) -> Partial; Sharded<0> x Replicated -> Sharded<0>; Replicated x Replicated -> Replicated; Partial x Replicated -> Partial",
+    note = "to multiply column-sharded activations, shard the weight by rows (`Sharded<0>`) or gather the activations with `.all_gather()` first"
+)]
+pub trait MatmulRule<Rhs>: Placement {
+    /// The result's placement.
+    type Output: Placement;
+}
+
+macro_rules! matmul_rules {
+    ($($lhs:ty, $rhs:ty => $out:ty;)*) => {$(
+        impl MatmulRule<$rhs> for $lhs {
+            type Output = $out;
+        }
+    )*};
+}
+
+impl<P: Placement> MatmulRule<NoRule> for P {
+    type Output = P;
+}
+
+matmul_rules! {
+    Replicated, Replicated => Replicated;
+    Replicated, Sharded<1> => Sharded<1>;
+    Sharded<1>, Sharded<0> => Partial;
+    Sharded<0>, Replicated => Sharded<0>;
+    Partial, Replicated => Partial;
+}
+
+/// Placements that may be added or subtracted: only equal ones.
+#[diagnostic::on_unimplemented(
+    message = "cannot add or subtract `{Self}` and `{Rhs}`: element-wise ops need both arrays in the same placement",
+    label = "`{Self}` and `{Rhs}` are laid out differently",
+    note = "redistribute one of them first, e.g. `.all_gather()` a `Sharded` array or `.all_sum()` a `Partial` one"
+)]
+pub trait SamePlacement<Rhs>: Placement {}
+
+impl<P: Placement> SamePlacement<P> for P {}
+impl<P: Placement> SamePlacement<NoRule> for P {}
+
+/// The placement of an element-wise product.
+#[diagnostic::on_unimplemented(
+    message = "no element-wise product rule for `{Self}` * `{Rhs}`",
+    label = "`{Self}` * `{Rhs}` has no placement",
+    note = "a product of two partial sums is not a partial sum of the product: reduce one side with `.all_sum()` first",
+    note = "the rules: P * P -> P for Replicated, Sharded<A> and Ragged; Partial * Replicated -> Partial; Replicated * Partial -> Partial"
+)]
+pub trait MulRule<Rhs>: Placement {
+    /// The result's placement.
+    type Output: Placement;
+}
+
+impl<P: Placement> MulRule<NoRule> for P {
+    type Output = P;
+}
+
+impl MulRule<Replicated> for Replicated {
+    type Output = Replicated;
+}
+impl<const A: usize> MulRule<Sharded<A>> for Sharded<A> {
+    type Output = Sharded<A>;
+}
+impl MulRule<Ragged> for Ragged {
+    type Output = Ragged;
+}
+impl MulRule<Replicated> for Partial {
+    type Output = Partial;
+}
+impl MulRule<Partial> for Replicated {
+    type Output = Partial;
+}
+
+/// Axes a softmax may run along: any axis of an unsharded array, any axis
+/// but the sharded one of a `Sharded<A>` (for `A` up to 3).
+#[diagnostic::on_unimplemented(
+    message = "no softmax of `{Self}` along this axis: a softmax needs the whole axis, and `{Self}` splits it across ranks (or it is a `Partial` sum)",
+    label = "softmax along the sharded axis",
+    note = "gather first with `.all_gather()`, or redistribute to shard another axis (`.redistribute::<Sharded<B>>()`)"
+)]
+pub trait SoftmaxAlong<const AXIS: usize>: Placement {}
+
+impl<const AXIS: usize> SoftmaxAlong<AXIS> for Replicated {}
+impl<const AXIS: usize> SoftmaxAlong<AXIS> for Ragged {}
+
+macro_rules! softmax_rules {
+    ($($sharded:literal => $($axis:literal),*;)*) => {$($(
+        impl SoftmaxAlong<$axis> for Sharded<$sharded> {}
+    )*)*};
+}
+
+softmax_rules! {
+    0 => 1, 2, 3, 4;
+    1 => 0, 2, 3, 4;
+    2 => 0, 1, 3, 4;
+    3 => 0, 1, 2, 4;
+}
+
+/// The placement of a 2-D transpose.
+#[diagnostic::on_unimplemented(message = "no transpose rule for `{Self}`")]
+pub trait TransposeRule: Placement {
+    /// The result's placement.
+    type Output: Placement;
+}
+
+impl TransposeRule for Replicated {
+    type Output = Replicated;
+}
+impl TransposeRule for Partial {
+    type Output = Partial;
+}
+impl TransposeRule for Sharded<0> {
+    type Output = Sharded<1>;
+}
+impl TransposeRule for Sharded<1> {
+    type Output = Sharded<0>;
+}
+
+/// The right-hand operand of a binary op: a `ShardedArray` on the same
+/// group type `C`. Taking the operand as a whole type (rather than its
+/// placement) lets the compiler report a missing placement rule with the
+/// rule's own message instead of guessing a placement.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an array of this group: ops combine arrays laid out over the same mesh",
+    label = "laid out over another group type than `{C}`",
+    note = "arrays of a `Mesh<N>` only combine with arrays of the same `Mesh<N>`"
+)]
+pub trait Operand<C: Collective> {
+    /// The operand's placement.
+    type Placement: Placement;
+    /// The operand itself.
+    fn sharded(&self) -> &ShardedArray<Self::Placement, C>;
+}
+
+impl<P: Placement, C: Collective> Operand<C> for ShardedArray<P, C> {
+    type Placement = P;
+    fn sharded(&self) -> &ShardedArray<P, C> {
+        self
+    }
+}
+
+fn shape_error(what: String) -> Error {
+    Error::Shape(what)
+}
+
+impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    fn same_local<Q: Placement>(&self, local: Array, global: Vec<i32>) -> ShardedArray<Q, C> {
+        ShardedArray::new_unchecked(local, self.comm().clone(), global)
+    }
+
+    fn map(&self, local: Array) -> ShardedArray<P, C> {
+        self.same_local(local, self.global_shape().to_vec())
+    }
+
+    /// Matrix product of 2-D arrays with placement propagation (see the
+    /// table above). Local computation only: the collectives are in the
+    /// redistributions around it.
+    ///
+    /// # Errors
+    /// When either array is not 2-D or the inner (global) dimensions differ.
+    pub fn matmul<R: Operand<C>>(
+        &self,
+        rhs: &R,
+        s: &Stream,
+    ) -> Result<ShardedArray<<P as MatmulRule<R::Placement>>::Output, C>>
+    where
+        P: MatmulRule<R::Placement>,
+    {
+        let rhs = rhs.sharded();
+        let (l, r) = (self.global_shape(), rhs.global_shape());
+        if l.len() != 2 || r.len() != 2 || l[1] != r[0] {
+            return Err(shape_error(format!(
+                "matmul of {} {l:?} by {} {r:?}: both must be 2-D with the left's columns equal to the right's rows",
+                P::name(),
+                R::Placement::name()
+            )));
+        }
+        let local = self.local().matmul(rhs.local(), s)?;
+        Ok(self.same_local(local, vec![l[0], r[1]]))
+    }
+
+    fn check_same_shape<Q: Placement>(&self, other: &ShardedArray<Q, C>, op: &str) -> Result<()> {
+        if self.global_shape() == other.global_shape() {
+            Ok(())
+        } else {
+            Err(shape_error(format!(
+                "{op} of arrays of global shapes {:?} and {:?}: the shapes must be equal",
+                self.global_shape(),
+                other.global_shape()
+            )))
+        }
+    }
+
+    /// Element-wise sum of two arrays of the same placement and shape.
+    pub fn add<R: Operand<C>>(&self, other: &R, s: &Stream) -> Result<Self>
+    where
+        P: SamePlacement<R::Placement>,
+    {
+        let other = other.sharded();
+        self.check_same_shape(other, "add")?;
+        Ok(self.map(self.local().add(other.local(), s)?))
+    }
+
+    /// Element-wise difference of two arrays of the same placement and shape.
+    pub fn sub<R: Operand<C>>(&self, other: &R, s: &Stream) -> Result<Self>
+    where
+        P: SamePlacement<R::Placement>,
+    {
+        let other = other.sharded();
+        self.check_same_shape(other, "sub")?;
+        Ok(self.map(self.local().subtract(other.local(), s)?))
+    }
+
+    /// Element-wise product (see the table above for placements).
+    pub fn mul<R: Operand<C>>(
+        &self,
+        other: &R,
+        s: &Stream,
+    ) -> Result<ShardedArray<<P as MulRule<R::Placement>>::Output, C>>
+    where
+        P: MulRule<R::Placement>,
+    {
+        let other = other.sharded();
+        if P::AXIS.is_some() {
+            self.check_same_shape(other, "mul")?;
+        }
+        let local = self.local().multiply(other.local(), s)?;
+        Ok(self.same_local(local, self.global_shape().to_vec()))
+    }
+
+    /// Multiplies by a constant (linear: any placement).
+    pub fn scale(&self, factor: f32, s: &Stream) -> Result<Self> {
+        let factor = Array::from_f32(factor).as_dtype(self.local().dtype(), s)?;
+        Ok(self.map(self.local().multiply(&factor, s)?))
+    }
+
+    /// Negates (linear: any placement).
+    pub fn neg(&self, s: &Stream) -> Result<Self> {
+        Ok(self.map(self.local().negative(s)?))
+    }
+
+    /// 2-D transpose; the sharded axis moves with the data.
+    pub fn transpose(&self, s: &Stream) -> Result<ShardedArray<<P as TransposeRule>::Output, C>>
+    where
+        P: TransposeRule,
+    {
+        let g = self.global_shape();
+        if g.len() != 2 {
+            return Err(shape_error(format!(
+                "transpose of global shape {g:?}: the typed transpose is 2-D"
+            )));
+        }
+        Ok(self.same_local(self.local().transpose(s)?, vec![g[1], g[0]]))
+    }
+
+    /// `x * sigmoid(x)`. Not for `Partial`.
+    pub fn silu(&self, s: &Stream) -> Result<Self>
+    where
+        P: Nonlinear,
+    {
+        let sig = safemlx::ops::sigmoid(self.local(), s)?;
+        Ok(self.map(self.local().multiply(&sig, s)?))
+    }
+
+    /// `0.5 x (1 + erf(x / sqrt 2))`. Not for `Partial`.
+    pub fn gelu(&self, s: &Stream) -> Result<Self>
+    where
+        P: Nonlinear,
+    {
+        let x = self.local();
+        let dtype = x.dtype();
+        let c = |v: f32| Array::from_f32(v).as_dtype(dtype, s);
+        let inner = safemlx::ops::erf(x.multiply(&c(std::f32::consts::FRAC_1_SQRT_2)?, s)?, s)?;
+        let y = x
+            .multiply(&inner.add(&c(1.0)?, s)?, s)?
+            .multiply(&c(0.5)?, s)?;
+        Ok(self.map(y))
+    }
+
+    /// `e^x`. Not for `Partial`.
+    pub fn exp(&self, s: &Stream) -> Result<Self>
+    where
+        P: Nonlinear,
+    {
+        Ok(self.map(self.local().exp(s)?))
+    }
+
+    /// Softmax along `AXIS`, which must not be the sharded axis (a softmax
+    /// needs the whole axis): that is a compile error, as is a softmax of a
+    /// `Partial`. Rules exist for `Sharded<A>` with `A` up to 3.
+    pub fn softmax<const AXIS: usize>(&self, s: &Stream) -> Result<Self>
+    where
+        P: Nonlinear + SoftmaxAlong<AXIS>,
+    {
+        let axis = i32::try_from(AXIS).map_err(|_| Error::ShapeOverflow { value: AXIS })?;
+        if AXIS >= self.global_shape().len() {
+            return Err(shape_error(format!(
+                "softmax along axis {AXIS} of global shape {:?}",
+                self.global_shape()
+            )));
+        }
+        Ok(self.map(safemlx::ops::softmax_axis(self.local(), axis, None, s)?))
+    }
+}

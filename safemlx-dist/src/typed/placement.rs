@@ -1,0 +1,121 @@
+//! Placements: how a rank's local array relates to the logical array.
+//!
+//! | placement | local array on rank `r` | logical array |
+//! |---|---|---|
+//! | [`Replicated`] | the whole array, identical on every rank | any rank's local |
+//! | [`Sharded<AXIS>`] | the `r`-th chunk along `AXIS` | the chunks concatenated in rank order |
+//! | [`Partial`] | a partial sum | the element-wise sum over ranks |
+//! | [`Ragged`] | a variable number of leading rows | the rows concatenated in rank order |
+
+use std::fmt::Debug;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A layout of a logical array across the ranks of a group. Sealed: the four
+/// placements below are all there is, and the transition and op tables are
+/// written for exactly them.
+pub trait Placement: sealed::Sealed + Copy + Default + Debug + 'static {
+    /// The sharded axis, for `Sharded<AXIS>`.
+    const AXIS: Option<usize>;
+    /// Whether ranks hold run-time numbers of leading rows (`Ragged`).
+    const RAGGED: bool = false;
+    /// The placement's name in messages, e.g. `Sharded<1>`.
+    fn name() -> String;
+}
+
+/// The whole array on every rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replicated;
+
+/// Rank `r` holds the `r`-th contiguous chunk along `AXIS`.
+///
+/// Chunk sizes follow one rule everywhere: a dimension `d` over `n` ranks
+/// gives the first `d % n` ranks `d / n + 1` elements and the others `d / n`
+/// (10 rows over 3 ranks: 4, 3, 3), as `numpy.array_split` does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sharded<const AXIS: usize>;
+
+/// Each rank holds a partial sum; the logical array is their sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Partial;
+
+/// Each rank holds a run-time number of leading rows (e.g. routed tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ragged;
+
+impl sealed::Sealed for Replicated {}
+impl<const AXIS: usize> sealed::Sealed for Sharded<AXIS> {}
+impl sealed::Sealed for Partial {}
+impl sealed::Sealed for Ragged {}
+
+impl Placement for Replicated {
+    const AXIS: Option<usize> = None;
+    fn name() -> String {
+        "Replicated".into()
+    }
+}
+
+impl<const AXIS: usize> Placement for Sharded<AXIS> {
+    const AXIS: Option<usize> = Some(AXIS);
+    fn name() -> String {
+        format!("Sharded<{AXIS}>")
+    }
+}
+
+impl Placement for Partial {
+    const AXIS: Option<usize> = None;
+    fn name() -> String {
+        "Partial".into()
+    }
+}
+
+impl Placement for Ragged {
+    const AXIS: Option<usize> = None;
+    const RAGGED: bool = true;
+    fn name() -> String {
+        "Ragged".into()
+    }
+}
+
+/// Placements a nonlinear function may be applied to: every one but
+/// [`Partial`], since `f(a) + f(b) != f(a + b)` for a nonlinear `f`.
+#[diagnostic::on_unimplemented(
+    message = "a nonlinear function cannot be applied to `{Self}`: the ranks hold unreduced partial sums",
+    label = "this array is `{Self}`",
+    note = "reduce first: `.all_sum()` gives `Replicated`, `.sum_scatter::<AXIS>()` gives `Sharded<AXIS>`"
+)]
+pub trait Nonlinear: Placement {}
+
+impl Nonlinear for Replicated {}
+impl<const AXIS: usize> Nonlinear for Sharded<AXIS> {}
+impl Nonlinear for Ragged {}
+
+/// The chunk of a dimension of `dim` elements that rank `rank` of `size`
+/// holds: `(offset, length)`, by the rule documented on [`Sharded`].
+pub fn chunk(dim: usize, rank: usize, size: usize) -> (usize, usize) {
+    let (base, extra) = (dim / size, dim % size);
+    let len = base + usize::from(rank < extra);
+    let offset = rank * base + rank.min(extra);
+    (offset, len)
+}
+
+/// Every rank's chunk length of a dimension of `dim` elements.
+pub fn chunk_lengths(dim: usize, size: usize) -> Vec<usize> {
+    (0..size).map(|r| chunk(dim, r, size).1).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_follow_array_split() {
+        assert_eq!(chunk_lengths(10, 3), [4, 3, 3]);
+        assert_eq!(chunk_lengths(8, 4), [2, 2, 2, 2]);
+        assert_eq!(chunk_lengths(2, 4), [1, 1, 0, 0]);
+        assert_eq!(chunk(10, 2, 3), (7, 3));
+        assert_eq!(Sharded::<1>::name(), "Sharded<1>");
+    }
+}

@@ -1,0 +1,144 @@
+//! `ShardedArray<P, C>`: a rank's local array, its group and the logical shape.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use safemlx::Array;
+
+use super::placement::{chunk, Placement};
+use super::Collective;
+use crate::error::{Error, Result};
+use crate::Group;
+
+/// A logical array laid out across the ranks of `C` as placement `P`.
+///
+/// It holds this rank's local `safemlx::Array`, the group, and the logical
+/// (global) shape; for `Sharded<AXIS>` the chunk lengths follow from the
+/// logical dimension by the rule on [`Sharded`](super::Sharded), so 10 rows
+/// over 3 ranks is a legal layout (4, 3, 3).
+///
+/// Placement transitions ([`redistribute`](Self::redistribute)) and ops
+/// (see `ops.rs`) are checked by the compiler: a nonlinear function of a
+/// `Partial`, a product of two `Partial`s or a matmul without a placement
+/// rule do not compile. [`local`](Self::local) and
+/// [`from_local`](Self::from_local) are the escape hatches for everything
+/// the typed layer does not cover.
+pub struct ShardedArray<P: Placement, C: Collective = Group> {
+    local: Array,
+    comm: C,
+    global: Vec<i32>,
+    _placement: PhantomData<P>,
+}
+
+impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
+    fn clone(&self) -> Self {
+        Self {
+            local: self.local.clone(),
+            comm: self.comm.clone(),
+            global: self.global.clone(),
+            _placement: PhantomData,
+        }
+    }
+}
+
+impl<P: Placement, C: Collective> fmt::Debug for ShardedArray<P, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedArray")
+            .field("placement", &P::name())
+            .field("rank", &self.comm.rank())
+            .field("size", &self.comm.size())
+            .field("global_shape", &self.global)
+            .field("local_shape", &self.local.shape())
+            .finish()
+    }
+}
+
+/// The local shape rank `rank` of `size` holds of `global` under `P`.
+pub(crate) fn local_shape<P: Placement>(
+    global: &[i32],
+    rank: usize,
+    size: usize,
+) -> Result<Vec<i32>> {
+    let mut shape = global.to_vec();
+    if let Some(axis) = P::AXIS {
+        let Some(dim) = shape.get_mut(axis) else {
+            return Err(Error::Shape(format!(
+                "{} needs an array with at least {} dimensions, got shape {global:?}",
+                P::name(),
+                axis + 1
+            )));
+        };
+        let (_, len) = chunk(usize::try_from(*dim).unwrap_or(0), rank, size);
+        *dim = i32::try_from(len).map_err(|_| Error::ShapeOverflow { value: len })?;
+    }
+    Ok(shape)
+}
+
+impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    /// Wraps this rank's `local` array as placement `P` of a logical array
+    /// of shape `global`.
+    ///
+    /// # Errors
+    /// When `local`'s shape is not what this rank holds of `global` under
+    /// `P` (for `Sharded<AXIS>`, its chunk along `AXIS`; for the others, the
+    /// whole shape), with both shapes in the message.
+    pub fn from_local(local: Array, comm: &C, global: &[i32]) -> Result<Self> {
+        if P::RAGGED {
+            // Ragged rows are known only at run time: the trailing shape must agree.
+            if local.shape().get(1..) != global.get(1..) {
+                return Err(Error::Shape(format!(
+                    "a Ragged local array of shape {:?} does not have the trailing shape of {global:?}",
+                    local.shape()
+                )));
+            }
+        } else {
+            let expected = local_shape::<P>(global, comm.rank(), comm.size())?;
+            if local.shape() != expected.as_slice() {
+                return Err(Error::Shape(format!(
+                    "rank {} of {} holds {:?} of a {} array of global shape {global:?}, but the local array has shape {:?}",
+                    comm.rank(),
+                    comm.size(),
+                    expected,
+                    P::name(),
+                    local.shape()
+                )));
+            }
+        }
+        Ok(Self::new_unchecked(local, comm.clone(), global.to_vec()))
+    }
+
+    pub(crate) fn new_unchecked(local: Array, comm: C, global: Vec<i32>) -> Self {
+        Self {
+            local,
+            comm,
+            global,
+            _placement: PhantomData,
+        }
+    }
+
+    /// This rank's local array.
+    pub fn local(&self) -> &Array {
+        &self.local
+    }
+
+    /// This rank's local array, by value.
+    pub fn into_local(self) -> Array {
+        self.local
+    }
+
+    /// The group the array is laid out over.
+    pub fn comm(&self) -> &C {
+        &self.comm
+    }
+
+    /// The logical (global) shape.
+    pub fn global_shape(&self) -> &[i32] {
+        &self.global
+    }
+
+    /// This rank's chunk lengths of the sharded axis, for every rank.
+    pub(crate) fn axis_lengths(&self, axis: usize) -> Vec<usize> {
+        let dim = self.global.get(axis).copied().unwrap_or(0);
+        super::chunk_lengths(usize::try_from(dim).unwrap_or(0), self.comm.size())
+    }
+}
