@@ -16,6 +16,9 @@ pub struct Launching;
 #[doc = include_str!("../../book/src/lowerings.md")]
 pub struct Lowerings;
 
+#[doc = include_str!("../../book/src/placements.md")]
+pub struct Placements;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

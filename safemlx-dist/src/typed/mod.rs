@@ -11,6 +11,7 @@ mod mesh;
 mod ops;
 mod placement;
 mod redistribute;
+mod routing;
 mod sharded;
 
 pub use collective::Collective;
@@ -20,4 +21,5 @@ pub use placement::{
     chunk, chunk_lengths, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
 };
 pub use redistribute::RedistributeTo;
+pub use routing::{Routable, RoutingPlan};
 pub use sharded::ShardedArray;

@@ -104,7 +104,13 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
                 )));
             }
         }
-        Ok(Self::new_unchecked(local, comm.clone(), global.to_vec()))
+        let mut global = global.to_vec();
+        if P::RAGGED {
+            if let Some(rows) = global.first_mut() {
+                *rows = -1;
+            }
+        }
+        Ok(Self::new_unchecked(local, comm.clone(), global))
     }
 
     pub(crate) fn new_unchecked(local: Array, comm: C, global: Vec<i32>) -> Self {
@@ -131,7 +137,9 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         &self.comm
     }
 
-    /// The logical (global) shape.
+    /// The logical (global) shape. For `Ragged` the leading dimension is
+    /// `-1`: each rank holds a run-time number of rows
+    /// ([`gather_rows`](Self::gather_rows) learns the total).
     pub fn global_shape(&self) -> &[i32] {
         &self.global
     }

@@ -1,0 +1,150 @@
+//! Ragged layouts: routing rows between ranks by run-time counts.
+//!
+//! Expert parallelism sends each token (a row) to the rank that holds its
+//! expert; how many rows go where is only known at run time. A
+//! [`RoutingPlan`] holds this rank's per-destination counts and, after one
+//! small exchange, the per-source counts it will receive; routing then is one
+//! `all_to_all_v`, and [`ShardedArray::route_back`] is the reverse exchange.
+
+use safemlx::{Array, Dtype, Stream};
+
+use super::placement::{Placement, Ragged, Replicated};
+use super::sharded::ShardedArray;
+use super::Collective;
+use crate::error::{Error, Result};
+
+/// Who sends how many rows to whom, as this rank sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingPlan {
+    send: Vec<usize>,
+    recv: Vec<usize>,
+}
+
+impl RoutingPlan {
+    /// Exchanges `send_counts` (rows this rank sends to each rank; on a
+    /// `Mesh<N>` an array of exactly `N`) so every rank learns what it
+    /// receives. Cost: one `all_gather` of `n` int32 counts per rank.
+    pub fn exchange<C: Collective>(comm: &C, send_counts: &C::Counts, s: &Stream) -> Result<Self> {
+        let send = send_counts.as_ref().to_vec();
+        let n = comm.size();
+        if send.len() != n {
+            return Err(Error::Shape(format!(
+                "a routing plan needs {n} send counts (one per rank), got {}",
+                send.len()
+            )));
+        }
+        let as_i32 = send
+            .iter()
+            .map(|&c| i32::try_from(c).map_err(|_| Error::ShapeOverflow { value: c }))
+            .collect::<Result<Vec<_>>>()?;
+        let mine = Array::from_slice(&as_i32, &[n as i32]);
+        let all = crate::all_gather(&mine, comm.group(), s)?;
+        let all = all.as_dtype(Dtype::Int32, s)?.into_evaluated()?;
+        let matrix = all.try_to_vec::<i32>().map_err(|e| Error::Native {
+            operation: "routing plan exchange",
+            message: e.to_string(),
+        })?;
+        // Row `src` of the matrix is rank `src`'s send counts.
+        let rank = comm.rank();
+        let recv = (0..n)
+            .map(|src| usize::try_from(matrix[src * n + rank]).unwrap_or(0))
+            .collect();
+        Ok(Self { send, recv })
+    }
+
+    /// Rows this rank sends to each rank.
+    pub fn send_counts(&self) -> &[usize] {
+        &self.send
+    }
+
+    /// Rows this rank receives from each rank.
+    pub fn recv_counts(&self) -> &[usize] {
+        &self.recv
+    }
+
+    /// The plan of the reverse exchange (results back to where rows came from).
+    pub fn reversed(&self) -> Self {
+        Self {
+            send: self.recv.clone(),
+            recv: self.send.clone(),
+        }
+    }
+}
+
+/// Placements whose leading rows can be routed: `Sharded<0>` and `Ragged`.
+#[diagnostic::on_unimplemented(
+    message = "rows of a `{Self}` array cannot be routed",
+    note = "routing sends leading rows between ranks: it applies to `Sharded<0>` or `Ragged` arrays"
+)]
+pub trait Routable: Placement {}
+
+impl Routable for super::Sharded<0> {}
+impl Routable for Ragged {}
+
+impl<P: Routable, C: Collective> ShardedArray<P, C> {
+    /// Sends `plan.send_counts()[d]` leading rows to rank `d` (rows laid out
+    /// in destination order) and returns the received rows, in source
+    /// order, as a `Ragged` array. Cost: one `all_to_all_v` of exactly the
+    /// rows routed.
+    pub fn route(&self, plan: &RoutingPlan, s: &Stream) -> Result<ShardedArray<Ragged, C>> {
+        let local =
+            crate::all_to_all_v(self.local(), &plan.send, &plan.recv, self.comm().group(), s)?;
+        let mut global = self.global_shape().to_vec();
+        if let Some(rows) = global.first_mut() {
+            *rows = -1; // Ragged: the logical row count is not tracked.
+        }
+        Ok(ShardedArray::new_unchecked(
+            local,
+            self.comm().clone(),
+            global,
+        ))
+    }
+}
+
+impl<C: Collective> ShardedArray<Ragged, C> {
+    /// Sends the rows back along `plan` (the plan used by
+    /// [`route`](ShardedArray::route)): row `i` returns to the rank and
+    /// position it came from.
+    pub fn route_back<P: Routable>(
+        &self,
+        plan: &RoutingPlan,
+        like: &ShardedArray<P, C>,
+        s: &Stream,
+    ) -> Result<ShardedArray<P, C>> {
+        let back = plan.reversed();
+        let local =
+            crate::all_to_all_v(self.local(), &back.send, &back.recv, self.comm().group(), s)?;
+        Ok(ShardedArray::new_unchecked(
+            local,
+            self.comm().clone(),
+            like.global_shape().to_vec(),
+        ))
+    }
+
+    /// Gathers every rank's rows, in rank order, onto every rank. Cost: one
+    /// count exchange and an `all_gather` padded to the most rows.
+    pub fn gather_rows(&self, s: &Stream) -> Result<ShardedArray<Replicated, C>> {
+        let comm = self.comm();
+        let rows = usize::try_from(self.local().shape().first().copied().unwrap_or(0)).unwrap_or(0);
+        let n = comm.size();
+        let counts = Array::from_slice(&[rows as i32], &[1]);
+        let all = crate::all_gather(&counts, comm.group(), s)?.into_evaluated()?;
+        let lengths: Vec<usize> = all
+            .try_to_vec::<i32>()
+            .map_err(|e| Error::Native {
+                operation: "row count exchange",
+                message: e.to_string(),
+            })?
+            .into_iter()
+            .map(|c| usize::try_from(c).unwrap_or(0))
+            .collect();
+        debug_assert_eq!(lengths.len(), n);
+        let local = comm.all_gather(self.local(), 0, &lengths, s)?;
+        let mut global = self.local().shape().to_vec();
+        if let Some(first) = global.first_mut() {
+            *first = i32::try_from(lengths.iter().sum::<usize>())
+                .map_err(|_| Error::ShapeOverflow { value: 0 })?;
+        }
+        Ok(ShardedArray::new_unchecked(local, comm.clone(), global))
+    }
+}
