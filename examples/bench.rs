@@ -199,6 +199,7 @@ fn run() -> Result<(), String> {
             }
         }
     }
+    typed_overhead(&world, backend, file.as_mut())?;
     Ok(())
 }
 
@@ -215,4 +216,80 @@ fn human(bytes: usize) -> String {
     } else {
         format!("{} KiB", bytes >> 10)
     }
+}
+
+/// Builds one lazy collective.
+type Build<'a> = dyn Fn() -> Result<Array, String> + 'a;
+
+/// `typed` vs `raw` rows: the same `all_sum` through the runtime call and
+/// through `ShardedArray<Partial>::all_sum`, under the native (lazy)
+/// lowering, at 4 KiB and 1 MiB. `all_sum` rows time building and
+/// evaluating; `all_sum_build` rows time building the graph alone, which is
+/// where the typed layer adds its work (shape bookkeeping, one clone of the
+/// group handle).
+fn typed_overhead(
+    world: &Group,
+    backend: safemlx_dist::Backend,
+    mut file: Option<&mut std::fs::File>,
+) -> Result<(), String> {
+    use safemlx_dist::{Partial, ShardedArray};
+    let s = cpu_stream();
+    let group = world
+        .with_lowering(Lowering::Native)
+        .map_err(|e| e.to_string())?;
+    let (rank, n) = (group.rank(), group.size());
+    for bytes in [4usize << 10, 1 << 20] {
+        let len = bytes / 4;
+        let x = Array::from_slice(&vec![1.0f32; len], &[len as i32]);
+        x.evaluated().map_err(|e| e.to_string())?;
+        let raw = || all_sum(&x, &group, &s).map_err(|e| e.to_string());
+        let typed = || {
+            ShardedArray::<Partial>::from_local(x.clone(), &group, &[len as i32])
+                .and_then(|p| p.all_sum(&s))
+                .map(|r| r.into_local())
+                .map_err(|e| e.to_string())
+        };
+        let variants: [(&str, &Build); 2] = [("raw", &raw), ("typed", &typed)];
+        for (strategy, build) in variants {
+            let iters = 20;
+            let mut full = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let started = Instant::now();
+                build()?.evaluated().map_err(|e| e.to_string())?;
+                full.push(started.elapsed().as_secs_f64());
+            }
+            // Building alone: many lazy graphs, none evaluated.
+            let mut build_only = Vec::with_capacity(200);
+            for _ in 0..200 {
+                let started = Instant::now();
+                let built = build()?;
+                build_only.push(started.elapsed().as_secs_f64());
+                drop(built);
+            }
+            for (op, mut times, iters) in
+                [("all_sum", full, iters), ("all_sum_build", build_only, 200)]
+            {
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
+                if rank == 0 {
+                    let line = format!(
+                        r#"{{"op":"{op}","backend":"{backend}","ranks":{n},"bytes":{bytes},"dtype":"float32","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{:.4}}}"#,
+                        bytes as f64 / median / 1e9
+                    );
+                    let progress = format!(
+                        "{op:>13} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} us\n",
+                        human(bytes),
+                        median * 1e6
+                    );
+                    std::io::stderr()
+                        .write_all(progress.as_bytes())
+                        .map_err(|e| e.to_string())?;
+                    if let Some(f) = file.as_mut() {
+                        writeln!(f, "{line}").map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

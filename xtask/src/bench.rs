@@ -113,6 +113,27 @@ fn report(rows: &[Value]) {
             );
         }
     }
+    for backend in ["ring", "mpi"] {
+        if let (Some(raw), Some(typed)) = (
+            time("all_sum", backend, 2, mib, "raw"),
+            time("all_sum", backend, 2, mib, "typed"),
+        ) {
+            println!(
+                "target: {backend} x2 all_sum 1 MiB, typed over raw: {:+.1}% (goal <= 2%)",
+                (typed / raw - 1.0) * 100.0
+            );
+        }
+        if let (Some(raw), Some(typed)) = (
+            time("all_sum_build", backend, 2, 4096, "raw"),
+            time("all_sum_build", backend, 2, 4096, "typed"),
+        ) {
+            println!(
+                "target: {backend} x2 all_sum 4 KiB, typed adds {:.2} us per operation to building the graph (goal <= 5 us)",
+                (typed - raw) * 1e6
+            );
+        }
+    }
+    // `auto` against the best strategy, over the ops that have strategies.
     let worst = table
         .iter()
         .filter_map(|(key, strategies)| {
