@@ -90,6 +90,34 @@ fn check_axis<const A: usize, C: Collective>(comm: &C, rng: &mut Rng, dtype: Dty
         );
     }
 
+    // Reshaping the axes after A keeps the layout: gathering gives the
+    // reshaped original.
+    let merged: Vec<i32> = shape[..=A]
+        .iter()
+        .copied()
+        .chain((A + 1 < shape.len()).then(|| shape[A + 1..].iter().product()))
+        .collect();
+    let reshaped = sharded
+        .reshape(&merged, s)
+        .expect("reshape after the sharded axis");
+    assert_eq!(reshaped.global_shape(), merged.as_slice());
+    let gathered = reshaped.all_gather(s).expect("gather reshaped");
+    assert_eq!(
+        read(gathered.local(), dtype, s),
+        full,
+        "reshape {shape:?} -> {merged:?}"
+    );
+    if A > 0 {
+        let moved: Vec<i32> = vec![shape.iter().product()];
+        let error = sharded
+            .reshape(&moved, s)
+            .expect_err("merging the sharded axis");
+        assert!(
+            error.to_string().contains("keeps its sharded axis"),
+            "{error}"
+        );
+    }
+
     // Partial: rank q holds values scaled by (q + 1); the logical array is their sum.
     let partial_values: Vec<i32> = full.iter().map(|v| v * (r as i32 + 1)).collect();
     let partial = ShardedArray::<Partial, C>::from_local(

@@ -111,10 +111,12 @@ pub(crate) enum SumScatterPlan {
     Ring,
 }
 
-/// Up to this many bytes the composition beats the ring backend's native
-/// all-reduce; above it (16 and 64 MiB measured, 2 and 4 ranks) the native
-/// op wins. See the book's "Backends and lowerings" table.
-pub(crate) const RING_ALL_REDUCE_COMPOSED_MAX_BYTES: usize = 8 << 20;
+/// The ring backend's all-reduce sizes where the composition measured
+/// faster than MLX's op (1 to 4 MiB at 2 and 4 ranks); below, MLX's op
+/// has the lower latency, above (16 and 64 MiB) its bandwidth wins. See the
+/// book's "Backends and lowerings" table.
+pub(crate) const RING_ALL_REDUCE_COMPOSED_BYTES: std::ops::RangeInclusive<usize> =
+    (1 << 20)..=(8 << 20);
 
 /// Whether the compositions may run on `backend`: they need a send and a
 /// receive in flight at once from two threads. MLX's ring backend allows
@@ -140,7 +142,7 @@ pub(crate) fn all_reduce(
         Lowering::Native => AllReducePlan::Native,
         Lowering::Composed => AllReducePlan::Ring,
         Lowering::Auto => match backend {
-            Backend::Ring if bytes <= RING_ALL_REDUCE_COMPOSED_MAX_BYTES => AllReducePlan::Ring,
+            Backend::Ring if RING_ALL_REDUCE_COMPOSED_BYTES.contains(&bytes) => AllReducePlan::Ring,
             _ => AllReducePlan::Native,
         },
     }
@@ -194,6 +196,10 @@ mod tests {
         );
         assert_eq!(
             all_reduce(Lowering::Auto, Backend::Mpi, 1024, 4096, 4),
+            A::Native
+        );
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Ring, 1024, 4096, 2),
             A::Native
         );
         assert_eq!(

@@ -17,6 +17,7 @@
 //! | `silu`, `gelu`, `exp` | `P` (not `Partial`) | | `P` |
 //! | `softmax::<AXIS>` | `Replicated`, `Ragged`, `Sharded<A>` with `A != AXIS` | | same |
 //! | `transpose` (2-D) | `Sharded<0>` / `Sharded<1>` | | `Sharded<1>` / `Sharded<0>` |
+//! | `reshape` | `Sharded<A>`: axes `..=A` kept | | same |
 
 use safemlx::{Array, Stream};
 
@@ -274,6 +275,44 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// Negates (linear: any placement).
     pub fn neg(&self, s: &Stream) -> Result<Self> {
         Ok(self.map(self.local().negative(s)?))
+    }
+
+    /// Reshapes the logical array to `global`. Unsharded placements take any
+    /// shape of the same size; `Sharded<A>` keeps the sharded axis and the
+    /// axes before it (only the axes after `A` may be split or merged, which
+    /// each rank does on its chunk); `Ragged` keeps its leading rows.
+    ///
+    /// # Errors
+    /// A shape of another size, or one that changes a kept axis, with both
+    /// shapes in the message.
+    pub fn reshape(&self, global: &[i32], s: &Stream) -> Result<Self> {
+        let old = self.global_shape();
+        let size = |shape: &[i32]| shape.iter().map(|&d| i64::from(d)).product::<i64>();
+        let kept = match (P::AXIS, P::RAGGED) {
+            (Some(axis), _) => axis + 1,
+            (None, true) => 1,
+            (None, false) => 0,
+        };
+        let same_size = P::RAGGED || size(old) == size(global);
+        if !same_size || global.len() < kept || old[..kept] != global[..kept] {
+            return Err(shape_error(format!(
+                "reshape of {} {old:?} to {global:?}: {}",
+                P::name(),
+                if same_size {
+                    "a sharded array keeps its sharded axis and the axes before it"
+                } else {
+                    "the sizes differ"
+                }
+            )));
+        }
+        let mut local = global.to_vec();
+        if P::RAGGED {
+            local[0] = self.local().shape()[0];
+        } else {
+            local =
+                super::sharded::local_shape::<P>(global, self.comm().rank(), self.comm().size())?;
+        }
+        Ok(self.same_local(self.local().reshape(&local, s)?, global.to_vec()))
     }
 
     /// 2-D transpose; the sharded axis moves with the data.
