@@ -14,7 +14,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use safemlx::{Array, Dtype, Stream};
+use safemlx::{Array, Stream};
 use safemlx_dist::{
     all_gather, all_sum, all_to_all_v, init, recv, send, sum_scatter, Group, Lowering,
 };
@@ -178,23 +178,17 @@ fn run() -> Result<(), String> {
                 let median = times[times.len() / 2];
                 let busbw = (rows * 1024) as f64 / median * traffic.bus_factor(n) / 1e9;
                 if rank == 0 {
-                    let line = format!(
-                        r#"{{"op":"{op_name}","backend":"{backend}","ranks":{n},"bytes":{},"dtype":"{}","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{busbw:.4}}}"#,
-                        rows * 1024,
-                        dtype_name(Dtype::Float32),
-                    );
-                    // One write per line: mpirun tags every chunk it reads.
-                    let progress = format!(
-                        "{op_name:>12} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} ms  {busbw:>7.3} GB/s\n",
-                        human(rows * 1024),
-                        median * 1e3
-                    );
-                    std::io::stderr()
-                        .write_all(progress.as_bytes())
-                        .map_err(|e| e.to_string())?;
-                    if let Some(f) = file.as_mut() {
-                        writeln!(f, "{line}").map_err(|e| e.to_string())?;
+                    Measurement {
+                        op: op_name,
+                        backend,
+                        ranks: n,
+                        bytes: rows * 1024,
+                        strategy,
+                        iters,
+                        median,
+                        busbw,
                     }
+                    .record(file.as_mut())?;
                 }
             }
         }
@@ -203,10 +197,47 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-fn dtype_name(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::Float32 => "float32",
-        _ => "other",
+/// One row of `collectives.jsonl`.
+struct Measurement<'a> {
+    op: &'a str,
+    backend: safemlx_dist::Backend,
+    ranks: usize,
+    bytes: usize,
+    strategy: &'a str,
+    iters: usize,
+    median: f64,
+    busbw: f64,
+}
+
+impl Measurement<'_> {
+    /// Appends the JSON line to `file` and prints a progress line, each in
+    /// one write (mpirun tags every chunk it reads as a line of its own).
+    fn record(&self, file: Option<&mut std::fs::File>) -> Result<(), String> {
+        let Self {
+            op,
+            backend,
+            ranks,
+            bytes,
+            strategy,
+            iters,
+            median,
+            busbw,
+        } = self;
+        let progress = format!(
+            "{op:>13} {backend} x{ranks} {:>9} {strategy:>8}: {:>10.4} ms  {busbw:>7.3} GB/s\n",
+            human(*bytes),
+            median * 1e3
+        );
+        std::io::stderr()
+            .write_all(progress.as_bytes())
+            .map_err(|e| e.to_string())?;
+        if let Some(f) = file {
+            let line = format!(
+                r#"{{"op":"{op}","backend":"{backend}","ranks":{ranks},"bytes":{bytes},"dtype":"float32","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{busbw:.4}}}"#
+            );
+            writeln!(f, "{line}").map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }
 
@@ -272,21 +303,17 @@ fn typed_overhead(
                 times.sort_by(f64::total_cmp);
                 let median = times[times.len() / 2];
                 if rank == 0 {
-                    let line = format!(
-                        r#"{{"op":"{op}","backend":"{backend}","ranks":{n},"bytes":{bytes},"dtype":"float32","strategy":"{strategy}","iters":{iters},"seconds_median":{median:.9},"busbw_gbps":{:.4}}}"#,
-                        bytes as f64 / median / 1e9
-                    );
-                    let progress = format!(
-                        "{op:>13} {backend} x{n} {:>9} {strategy:>8}: {:>9.3} us\n",
-                        human(bytes),
-                        median * 1e6
-                    );
-                    std::io::stderr()
-                        .write_all(progress.as_bytes())
-                        .map_err(|e| e.to_string())?;
-                    if let Some(f) = file.as_mut() {
-                        writeln!(f, "{line}").map_err(|e| e.to_string())?;
+                    Measurement {
+                        op,
+                        backend,
+                        ranks: n,
+                        bytes,
+                        strategy,
+                        iters,
+                        median,
+                        busbw: bytes as f64 / median / 1e9,
                     }
+                    .record(file.as_deref_mut())?;
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::{cmd, setup};
+use crate::{cmd, setup, tasks};
 
 pub fn run(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
@@ -20,19 +20,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 fn collectives() -> Result<(), String> {
     setup::run()?;
-    cmd::run(cmd::cargo(&[
-        "build",
-        "--release",
-        "--package",
-        "safemlx-dist-examples",
-        "--example",
-        "bench",
-        "--package",
-        "safemlx-dist",
-        "--bin",
-        "safemlx-launch",
-    ]))?;
-    let release = cmd::target_dir().join("release");
+    let release = tasks::build_examples_and_launcher()?;
+
     let out_dir = cmd::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;

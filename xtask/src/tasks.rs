@@ -39,10 +39,9 @@ pub fn test() -> Result<(), String> {
     Ok(())
 }
 
-/// Builds the examples and `safemlx-launch` in release, then runs the
-/// collectives example as 4 ring ranks on loopback.
-pub fn demo() -> Result<(), String> {
-    setup::run()?;
+/// Builds the examples and `safemlx-launch` in release; returns the
+/// release directory they are in.
+pub fn build_examples_and_launcher() -> Result<std::path::PathBuf, String> {
     cmd::run(cmd::cargo(&[
         "build",
         "--release",
@@ -54,7 +53,14 @@ pub fn demo() -> Result<(), String> {
         "--bin",
         "safemlx-launch",
     ]))?;
-    let release = cmd::target_dir().join("release");
+    Ok(cmd::target_dir().join("release"))
+}
+
+/// Builds the examples and `safemlx-launch` in release, then runs the
+/// collectives example as 4 ring ranks on loopback.
+pub fn demo() -> Result<(), String> {
+    setup::run()?;
+    let release = build_examples_and_launcher()?;
     let mut launch = Command::new(release.join("safemlx-launch"));
     launch
         .args(["-n", "4", "--backend", "ring", "--timeout", "120", "--"])
