@@ -19,6 +19,9 @@ pub struct Lowerings;
 #[doc = include_str!("../../book/src/placements.md")]
 pub struct Placements;
 
+#[doc = include_str!("../../book/src/sharded.md")]
+pub struct Sharded;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

@@ -29,6 +29,15 @@ pub mod typed;
 #[cfg(doctest)]
 mod book;
 
+/// What `#[sharded]` expands to calls; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::typed::{gather_weight, shard_weight};
+}
+
+/// Declares a layer's weight layout; see the book's "#[sharded]" chapter.
+pub use safemlx_dist_macros::sharded;
+
 pub use error::{AllToAllVError, Error, PeerRole, Result};
 pub use runtime::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, init, is_available, recv, recv_like, send,

@@ -13,6 +13,7 @@ mod placement;
 mod redistribute;
 mod routing;
 mod sharded;
+mod weights;
 
 pub use collective::Collective;
 pub use mesh::Mesh;
@@ -23,3 +24,4 @@ pub use placement::{
 pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};
 pub use sharded::ShardedArray;
+pub use weights::{gather_weight, shard_weight, FieldLayout};

@@ -1,0 +1,20 @@
+//! The `#[sharded]` attribute of `safemlx-dist` (re-exported there as
+//! `safemlx_dist::sharded`). This file holds only the entry point; parsing
+//! (`attr.rs`), checking (`valid.rs`) and code generation (`expand.rs`) are
+//! written against `proc_macro2` so they can be unit-tested.
+
+mod attr;
+mod expand;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Declares how a layer's weights are laid out across ranks.
+///
+/// On a struct with named fields, each field says its placement with
+/// `#[shard(...)]`; see the book's "#[sharded]" chapter for the grammar and
+/// the code it expands to.
+#[proc_macro_attribute]
+pub fn sharded(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::sharded(attr.into(), item.into()).into()
+}

@@ -1,0 +1,167 @@
+//! Checking a `#[sharded]` struct: every field has one `#[shard]`, is a
+//! `ShardedArray`, agrees with its attribute, and all fields share a group.
+
+use syn::{Fields, GenericArgument, ItemStruct, PathArguments, Type};
+
+use crate::attr::{FieldSpec, Placement};
+
+/// A field ready for expansion.
+pub struct ShardField {
+    pub ident: syn::Ident,
+    pub spec: FieldSpec,
+    /// The placement type as written in the field's type, e.g. `Sharded<1>`.
+    pub placement_ty: Type,
+    /// The group type: the field type's second argument, or `Group`.
+    pub comm_ty: Option<Type>,
+}
+
+fn placement_of(ty: &Type) -> Option<Placement> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    match last.ident.to_string().as_str() {
+        "Replicated" => Some(Placement::Replicated),
+        "Sharded" => {
+            let PathArguments::AngleBracketed(args) = &last.arguments else {
+                return None;
+            };
+            match args.args.first()? {
+                GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(i),
+                    ..
+                })) => i.base10_parse().ok().map(Placement::Sharded),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `ShardedArray<P>` or `ShardedArray<P, C>` -> `(P, Some(C))`.
+fn sharded_array_args(ty: &Type) -> Option<(Type, Option<Type>)> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "ShardedArray" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|a| match a {
+        GenericArgument::Type(t) => Some(t.clone()),
+        _ => None,
+    });
+    let placement = types.next()?;
+    Some((placement, types.next()))
+}
+
+fn placement_name(p: &Placement) -> String {
+    match p {
+        Placement::Replicated => "Replicated".into(),
+        Placement::Sharded(a) => format!("Sharded<{a}>"),
+    }
+}
+
+/// Checks `item` and collects its fields; all errors are combined.
+pub fn struct_fields(item: &mut ItemStruct) -> syn::Result<Vec<ShardField>> {
+    let Fields::Named(named) = &mut item.fields else {
+        return Err(syn::Error::new_spanned(
+            &item.ident,
+            "#[sharded] applies to structs with named fields, one weight per field",
+        ));
+    };
+    let mut errors: Option<syn::Error> = None;
+    let mut push = |e: syn::Error| match errors.as_mut() {
+        Some(all) => all.combine(e),
+        None => errors = Some(e),
+    };
+    let mut fields = Vec::new();
+    for field in named.named.iter_mut() {
+        let ident = field.ident.clone().expect("named field");
+        let (shard_attrs, others): (Vec<_>, Vec<_>) = field
+            .attrs
+            .drain(..)
+            .partition(|a| a.path().is_ident("shard"));
+        field.attrs = others;
+        let spec = match shard_attrs.as_slice() {
+            [] => {
+                push(syn::Error::new_spanned(
+                    &ident,
+                    format!("field `{ident}` has no `#[shard(...)]`: every field of a #[sharded] struct states its placement, e.g. `#[shard(Sharded<1>)]`"),
+                ));
+                continue;
+            }
+            [attr] => match attr.parse_args::<FieldSpec>() {
+                Ok(spec) => spec,
+                Err(e) => {
+                    push(e);
+                    continue;
+                }
+            },
+            [_, second, ..] => {
+                push(syn::Error::new_spanned(
+                    second,
+                    format!("field `{ident}` has more than one `#[shard(...)]`"),
+                ));
+                continue;
+            }
+        };
+        let Some((placement_ty, comm_ty)) = sharded_array_args(&field.ty) else {
+            push(syn::Error::new_spanned(
+                &field.ty,
+                format!("a #[shard] field must be a `ShardedArray<P>` (or `ShardedArray<P, C>`); field `{ident}` is not"),
+            ));
+            continue;
+        };
+        if placement_of(&placement_ty).as_ref() != Some(&spec.placement) {
+            push(syn::Error::new_spanned(
+                &placement_ty,
+                format!(
+                    "field `{ident}` is declared `#[shard({})]` but its type's placement is `{}`; make them agree",
+                    placement_name(&spec.placement),
+                    quote::ToTokens::to_token_stream(&placement_ty).to_string().replace(' ', "")
+                ),
+            ));
+            continue;
+        }
+        if let Some((k, span)) = spec.segments {
+            if k == 0 {
+                push(syn::Error::new(span, "`segments` must be at least 1"));
+                continue;
+            }
+            if spec.placement == Placement::Replicated && k > 1 {
+                push(syn::Error::new(
+                    span,
+                    "`segments` splits a sharded axis: it applies to `Sharded<AXIS>` fields only",
+                ));
+                continue;
+            }
+        }
+        fields.push(ShardField {
+            ident,
+            spec,
+            placement_ty,
+            comm_ty,
+        });
+    }
+    let first_comm = fields.first().map(|f| f.comm_ty.clone());
+    for field in &fields {
+        let same = match (&field.comm_ty, first_comm.as_ref().and_then(Option::as_ref)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                quote::ToTokens::to_token_stream(a).to_string()
+                    == quote::ToTokens::to_token_stream(b).to_string()
+            }
+            _ => false,
+        };
+        if !same {
+            push(syn::Error::new_spanned(
+                &field.ident,
+                format!("field `{}` is laid out over another group type than the first field; all weights of a layer share one group", field.ident),
+            ));
+        }
+    }
+    match errors {
+        Some(e) => Err(e),
+        None => Ok(fields),
+    }
+}

@@ -1,0 +1,160 @@
+//! `#[sharded]` layer structs between real processes: each rank keeps
+//! exactly its part of every weight, the layer written with the typed layer
+//! equals the dense single-process math, and gathering gives back the full
+//! weights, fused QKV segments included.
+
+use safemlx::{Array, Stream};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::{sharded, Group, Replicated, Sharded, ShardedArray};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::typed::Rng;
+
+/// A tensor-parallel MLP: column-parallel up projection, row-parallel down.
+#[sharded]
+struct Mlp {
+    #[shard(Sharded<1>)]
+    up: ShardedArray<Sharded<1>>,
+    #[shard(Sharded<0>)]
+    down: ShardedArray<Sharded<0>>,
+}
+
+impl Mlp {
+    fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> safemlx_dist::Result<ShardedArray<Replicated>> {
+        x.matmul(&self.up, s)?
+            .silu(s)?
+            .matmul(&self.down, s)?
+            .all_sum(s)
+    }
+}
+
+/// A fused QKV projection (three column blocks, each split across ranks)
+/// and a replicated norm weight.
+#[sharded]
+struct Projection {
+    #[shard(Sharded<1>, segments = 3)]
+    qkv: ShardedArray<Sharded<1>>,
+    #[shard(Replicated)]
+    norm: ShardedArray<Replicated>,
+}
+
+fn random(rng: &mut Rng, shape: &[i32]) -> Array {
+    let len = shape.iter().product::<i32>() as usize;
+    let values: Vec<f32> = rng
+        .values(len)
+        .into_iter()
+        .map(|v| v as f32 * 0.1)
+        .collect();
+    Array::from_slice(&values, shape)
+}
+
+fn host(a: &Array, s: &Stream) -> Vec<f32> {
+    a.contiguous(false, s)
+        .and_then(|a| a.into_evaluated())
+        .expect("evaluates")
+        .try_to_vec::<f32>()
+        .expect("float32")
+}
+
+fn max_relative_error(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
+        / scale
+}
+
+fn check(group: &Group) {
+    let s = cpu();
+    let n = group.size() as i32;
+    let mut rng = Rng::new(5);
+    let (t, d, h) = (3, 8, 4 * n);
+    let (x, up, down) = (
+        random(&mut rng, &[t, d]),
+        random(&mut rng, &[d, h]),
+        random(&mut rng, &[h, d]),
+    );
+
+    let mlp = Mlp::from_full(group, up.clone(), down.clone(), &s).expect("shard the MLP");
+    let layout = mlp.layout();
+    assert_eq!(layout[0].name, "up");
+    assert_eq!(layout[0].placement, "Sharded<1>");
+    assert_eq!(layout[0].global_shape, [d, h]);
+    assert_eq!(layout[0].local_shape, [d, h / n]);
+    assert_eq!(layout[1].local_shape, [h / n, d]);
+
+    // Dense, one process.
+    let hidden = x.matmul(&up, &s).unwrap();
+    let hidden = hidden
+        .multiply(safemlx::ops::sigmoid(&hidden, &s).unwrap(), &s)
+        .unwrap();
+    let dense = host(&hidden.matmul(&down, &s).unwrap(), &s);
+    let y = mlp
+        .forward(&ShardedArray::replicated(x.clone(), group), &s)
+        .expect("forward");
+    let err = max_relative_error(&host(y.local(), &s), &dense);
+    assert!(err <= 1e-5, "sharded MLP differs from dense by {err}");
+
+    let full = mlp.gather_full(&s).expect("gather");
+    assert_eq!(full[0].0, "up");
+    assert_eq!(host(&full[0].1, &s), host(&up, &s));
+    assert_eq!(host(&full[1].1, &s), host(&down, &s));
+
+    // Fused QKV: rank r holds [Q_r | K_r | V_r]; x @ local = those columns of x @ qkv.
+    let width = 2 * n; // per segment
+    let (qkv, norm) = (random(&mut rng, &[d, 3 * width]), random(&mut rng, &[d]));
+    let proj = Projection::from_full(group, qkv.clone(), norm.clone(), &s).expect("shard QKV");
+    assert_eq!(proj.layout()[0].segments, 3);
+    assert_eq!(proj.layout()[0].local_shape, [d, 6]);
+    let local = host(&x.matmul(proj.qkv.local(), &s).unwrap(), &s);
+    let dense = host(&x.matmul(&qkv, &s).unwrap(), &s);
+    let r = group.rank() as i32;
+    let columns: Vec<i32> = (0..3)
+        .flat_map(|j| (0..2).map(move |c| j * width + r * 2 + c))
+        .collect();
+    let expected: Vec<f32> = (0..t)
+        .flat_map(|row| columns.iter().map(move |&c| (row, c)))
+        .map(|(row, c)| dense[(row * 3 * width + c) as usize])
+        .collect();
+    assert!(
+        max_relative_error(&local, &expected) <= 1e-5,
+        "QKV segments"
+    );
+    let back = proj.gather_full(&s).expect("gather QKV");
+    assert_eq!(
+        host(&back[0].1, &s),
+        host(&qkv, &s),
+        "QKV gathers back in its original order"
+    );
+    assert_eq!(host(&back[1].1, &s), host(&norm, &s));
+    assert_eq!(proj.norm.comm().size(), group.size());
+}
+
+#[test]
+fn sharded_structs_match_dense_at_1_2_and_4_ranks() {
+    for ranks in [1, 2, 4] {
+        Ranks::new(ranks)
+            .run_test(check)
+            .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
+    }
+}
+
+#[test]
+fn segments_that_do_not_divide_are_a_clear_error() {
+    Ranks::new(2)
+        .run_test(|group| {
+            let s = cpu();
+            let qkv = Array::from_slice(&[0f32; 4 * 9], &[4, 9]); // 3 segments of 3 columns over 2 ranks
+            let norm = Array::from_slice(&[1f32; 4], &[4]);
+            let error = Projection::from_full(group, qkv, norm, &s).err().expect("3 columns over 2 ranks");
+            assert_eq!(
+                error.to_string(),
+                "weight `qkv` has 9 elements along axis 1 in 3 segments: each segment (3 elements) must divide evenly over 2 ranks"
+            );
+        })
+        .unwrap();
+}

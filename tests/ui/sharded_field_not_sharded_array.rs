@@ -1,0 +1,10 @@
+use safemlx::Array;
+use safemlx_dist::sharded;
+
+#[sharded]
+struct Layer {
+    #[shard(Replicated)]
+    bias: Array,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use safemlx_dist::sharded;
+
+#[sharded]
+enum Layer {
+    Dense,
+}
+
+fn main() {}
