@@ -14,6 +14,8 @@ pub enum Placement {
     Replicated,
     /// `Sharded<AXIS>`.
     Sharded(usize),
+    /// `Partial` (function specs only: a weight is never partial).
+    Partial,
 }
 
 /// One parsed `#[shard(...)]`.

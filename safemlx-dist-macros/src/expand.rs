@@ -30,10 +30,18 @@ pub fn sharded(attr: TokenStream, item: TokenStream) -> TokenStream {
                 }
             }
         }
+        Item::Fn(func) => match syn::parse2::<crate::signature::FnArgs>(attr) {
+            Ok(args) => crate::function::expand(args, func),
+            Err(e) => {
+                let mut out = e.to_compile_error();
+                out.extend(quote!(#func));
+                out
+            }
+        },
         other => {
             let error = syn::Error::new_spanned(
                 &other,
-                "#[sharded] applies to a struct whose fields are the layer's weights",
+                "#[sharded] applies to a struct whose fields are the layer's weights, or to a function whose parameters and result it lays out",
             );
             let mut out = error.to_compile_error();
             out.extend(quote!(#other));
@@ -114,45 +122,69 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proc_macro2::TokenTree;
 
-    /// The book's "#[sharded]" chapter shows the expansion of its example;
-    /// this keeps that text true (compared token by token).
-    #[test]
-    fn the_book_shows_the_real_expansion() {
+    /// The Rust block after `marker` in the book's "#[sharded]" chapter;
+    /// rustdoc's hidden `# ` lines kept (unhidden) or dropped.
+    fn block(marker: &str, hidden: bool) -> String {
         let chapter = include_str!("../../book/src/sharded.md");
-        // `# ` lines are rustdoc's hidden lines: kept (unhidden) for the
-        // example, dropped from the expansion.
-        let block = |marker: &str, hidden: bool| {
-            let start = chapter.find(marker).expect("marker in the chapter");
-            let code = &chapter[start..];
-            let code = &code[code.find("```rust").expect("code block") + 7..];
-            let code = &code[code.find('\n').unwrap_or(0)..];
-            let end = code.find("```").expect("end of block");
-            code[..end]
-                .lines()
-                .filter(|l| hidden || !l.starts_with("# "))
-                .map(|l| l.strip_prefix("# ").unwrap_or(l))
-                .filter(|l| !l.trim_start().starts_with("// "))
-                .collect::<Vec<_>>()
-                .join("\n")
+        let start = chapter.find(marker).expect("marker in the chapter");
+        let code = &chapter[start..];
+        let code = &code[code.find("```rust").expect("code block") + 7..];
+        let code = &code[code.find('\n').unwrap_or(0)..];
+        let end = code.find("```").expect("end of block");
+        code[..end]
+            .lines()
+            .filter(|l| hidden || !l.starts_with("# "))
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .filter(|l| !l.trim_start().starts_with("// "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Expands the example after `example` as the compiler would and
+    /// compares it, token by token, with the block after `expansion`.
+    fn check(example: &str, expansion: &str) {
+        let tokens: TokenStream = block(example, true).parse().expect("example parses");
+        let mut tokens = tokens.into_iter().skip_while(|t| t.to_string() != "#");
+        tokens.next(); // `#`
+        let Some(TokenTree::Group(attribute)) = tokens.next() else {
+            panic!("the example starts with #[sharded...]");
         };
-        let input: TokenStream = block("<!-- example -->", true)
-            .parse()
-            .expect("example parses");
-        let item = input
+        // `sharded` or `sharded(ARGS)`: the macro gets ARGS.
+        let args = attribute
+            .stream()
             .into_iter()
-            .skip_while(|t| t.to_string() != "#")
-            .collect::<TokenStream>();
-        // Drop the outer `#[sharded]` itself: the attribute gets the rest.
-        let item: TokenStream = item.into_iter().skip(2).collect();
-        let expanded = sharded(TokenStream::new(), item).to_string();
-        let shown: TokenStream = block("<!-- expansion -->", false)
-            .parse()
-            .expect("expansion parses");
+            .find_map(|t| match t {
+                TokenTree::Group(g) => Some(g.stream()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let expanded = sharded(args, tokens.collect()).to_string();
+        let shown: TokenStream = block(expansion, false).parse().expect("expansion parses");
+        // Compare without whitespace and trailing commas (rustfmt's choice).
+        let normal = |code: &str| {
+            let mut text: String = code.split_whitespace().collect();
+            for (from, to) in [(",)", ")"), (",]", "]"), (",}", "}")] {
+                text = text.replace(from, to);
+            }
+            text
+        };
         assert_eq!(
-            expanded.split_whitespace().collect::<String>(),
-            shown.to_string().split_whitespace().collect::<String>(),
-            "book/src/sharded.md's expansion is out of date; the macro now gives:\n{expanded}"
+            normal(&expanded),
+            normal(&shown.to_string()),
+            "book/src/sharded.md's expansion after {expansion} is out of date; the macro now gives:\n{expanded}"
         );
+    }
+
+    /// The book shows what each form expands to; these keep that text true.
+    #[test]
+    fn the_book_shows_the_real_struct_expansion() {
+        check("<!-- example -->", "<!-- expansion -->");
+    }
+
+    #[test]
+    fn the_book_shows_the_real_function_expansion() {
+        check("<!-- fn example -->", "<!-- fn expansion -->");
     }
 }

@@ -5,6 +5,8 @@
 
 mod attr;
 mod expand;
+mod function;
+mod signature;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -12,8 +14,10 @@ use proc_macro::TokenStream;
 /// Declares how a layer's weights are laid out across ranks.
 ///
 /// On a struct with named fields, each field says its placement with
-/// `#[shard(...)]`; see the book's "#[sharded]" chapter for the grammar and
-/// the code it expands to.
+/// `#[shard(...)]`. On a function or method, `#[sharded(x: [T, D] @
+/// Replicated, return: [T, D] @ Sharded<0>)]` converts the declared
+/// parameters and the result into those placements, with shape checks. See
+/// the book's "#[sharded]" chapter for the grammar and the code it expands to.
 #[proc_macro_attribute]
 pub fn sharded(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::sharded(attr.into(), item.into()).into()

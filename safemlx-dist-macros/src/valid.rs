@@ -54,10 +54,11 @@ fn sharded_array_args(ty: &Type) -> Option<(Type, Option<Type>)> {
     Some((placement, types.next()))
 }
 
-fn placement_name(p: &Placement) -> String {
+pub fn placement_name(p: &Placement) -> String {
     match p {
         Placement::Replicated => "Replicated".into(),
         Placement::Sharded(a) => format!("Sharded<{a}>"),
+        Placement::Partial => "Partial".into(),
     }
 }
 

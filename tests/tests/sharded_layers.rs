@@ -19,6 +19,7 @@ struct Mlp {
 }
 
 impl Mlp {
+    /// Written by hand with the typed layer.
     fn forward(
         &self,
         x: &ShardedArray<Replicated>,
@@ -28,6 +29,27 @@ impl Mlp {
             .silu(s)?
             .matmul(&self.down, s)?
             .all_sum(s)
+    }
+
+    /// The same with `#[sharded]`: the input arrives sequence-sharded and
+    /// is gathered; the body's `Partial` result gets the `all_sum`.
+    #[sharded(x: [T, 8] @ Replicated, return: [T, 8] @ Replicated)]
+    fn forward_macro(
+        &self,
+        x: ShardedArray<Sharded<0>>,
+        s: &Stream,
+    ) -> safemlx_dist::Result<ShardedArray<Replicated>> {
+        x.matmul(&self.up, s)?.silu(s)?.matmul(&self.down, s)
+    }
+
+    /// Sequence-parallel output: the macro inserts a `sum_scatter`.
+    #[sharded(x @ Replicated, return: [T, 8] @ Sharded<0>)]
+    fn forward_scattered(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> safemlx_dist::Result<ShardedArray<Sharded<0>>> {
+        x.matmul(&self.up, s)?.silu(s)?.matmul(&self.down, s)
     }
 }
 
@@ -39,6 +61,18 @@ struct Projection {
     qkv: ShardedArray<Sharded<1>>,
     #[shard(Replicated)]
     norm: ShardedArray<Replicated>,
+}
+
+impl Projection {
+    /// Heads stay sharded: column-parallel QKV, no collective on the way out.
+    #[sharded(x: [T, D] @ Replicated, return @ Sharded<1>)]
+    fn project(
+        &self,
+        x: ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> safemlx_dist::Result<ShardedArray<Sharded<1>>> {
+        x.matmul(&self.qkv, s)
+    }
 }
 
 fn random(rng: &mut Rng, shape: &[i32]) -> Array {
@@ -99,6 +133,33 @@ fn check(group: &Group) {
     let err = max_relative_error(&host(y.local(), &s), &dense);
     assert!(err <= 1e-5, "sharded MLP differs from dense by {err}");
 
+    // The macro-annotated forward equals the hand-written one.
+    let rows = ShardedArray::replicated(x.clone(), group)
+        .shard::<0>(&s)
+        .expect("sequence shard");
+    let y_macro = mlp.forward_macro(rows, &s).expect("macro forward");
+    assert!(
+        max_relative_error(&host(y_macro.local(), &s), &dense) <= 1e-5,
+        "macro forward"
+    );
+    let scattered = mlp
+        .forward_scattered(&ShardedArray::replicated(x.clone(), group), &s)
+        .expect("scattered forward");
+    let back = scattered.all_gather(&s).expect("gather rows");
+    assert!(
+        max_relative_error(&host(back.local(), &s), &dense) <= 1e-5,
+        "sum_scatter return"
+    );
+    // A wrong shape is caught before any collective, naming the parameter.
+    let wide = ShardedArray::replicated(random(&mut rng, &[t, d + 1]), group)
+        .shard::<0>(&s)
+        .unwrap();
+    let error = mlp.forward_macro(wide, &s).expect_err("wrong width");
+    assert_eq!(
+        error.to_string(),
+        format!("`x` is declared [T, 8] but its global shape is [{t}, 9]: axis 1 is 9, expected 8")
+    );
+
     let full = mlp.gather_full(&s).expect("gather");
     assert_eq!(full[0].0, "up");
     assert_eq!(host(&full[0].1, &s), host(&up, &s));
@@ -123,6 +184,14 @@ fn check(group: &Group) {
     assert!(
         max_relative_error(&local, &expected) <= 1e-5,
         "QKV segments"
+    );
+    let projected = proj
+        .project(ShardedArray::replicated(x.clone(), group), &s)
+        .expect("macro projection");
+    assert_eq!(
+        host(projected.local(), &s),
+        local,
+        "macro projection = hand-written"
     );
     let back = proj.gather_full(&s).expect("gather QKV");
     assert_eq!(

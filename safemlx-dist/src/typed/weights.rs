@@ -118,3 +118,67 @@ pub fn gather_weight<P: Placement, C: Collective>(
         .collect();
     Ok(safemlx::ops::concatenate_axis(&ordered, axis as i32, s)?)
 }
+
+/// A declared dimension of a `#[sharded]` function's spec.
+#[derive(Debug, Clone, Copy)]
+pub enum Dim {
+    /// A literal size.
+    Size(usize),
+    /// A named size: every use of the name must agree.
+    Named(&'static str),
+}
+
+/// The named sizes seen so far while checking one call's shapes.
+#[derive(Debug, Default)]
+pub struct Dims {
+    bound: Vec<(&'static str, i32)>,
+}
+
+impl Dims {
+    /// Checks `shape` (the global shape of `param`) against its declaration.
+    ///
+    /// # Errors
+    /// The wrong rank or a size that differs from the declaration or from
+    /// an earlier use of the same name, naming the parameter, the axis, the
+    /// value and the expectation.
+    pub fn check(
+        &mut self,
+        param: &str,
+        declared: &str,
+        shape: &[i32],
+        dims: &[Dim],
+    ) -> Result<()> {
+        let fail = |what: String| {
+            Err(Error::Shape(format!(
+                "`{param}` is declared {declared} but its global shape is {shape:?}: {what}"
+            )))
+        };
+        if shape.len() != dims.len() {
+            return fail(format!(
+                "it has {} dimensions, not {}",
+                shape.len(),
+                dims.len()
+            ));
+        }
+        for (axis, (&got, dim)) in shape.iter().zip(dims).enumerate() {
+            match *dim {
+                Dim::Size(want) => {
+                    if usize::try_from(got).ok() != Some(want) {
+                        return fail(format!("axis {axis} is {got}, expected {want}"));
+                    }
+                }
+                Dim::Named(name) => {
+                    match self.bound.iter().find(|(n, _)| *n == name) {
+                        Some(&(_, want)) if want != got => {
+                            return fail(format!("axis {axis} is {got}, but `{name}` is {want} elsewhere in this call"));
+                        }
+                        Some(_) => {}
+                        None if got >= 0 => self.bound.push((name, got)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
