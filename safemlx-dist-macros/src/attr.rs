@@ -1,6 +1,6 @@
 //! Parsing `#[shard(...)]` field attributes.
 //!
-//! Grammar: `#[shard(PLACEMENT [, segments = K])]` where PLACEMENT is
+//! Grammar: `#[shard(PLACEMENT [, segments = K] [, dims = [D0, D1, ...]])]` where PLACEMENT is
 //! `Replicated` or `Sharded<AXIS>`.
 
 use proc_macro2::Span;
@@ -23,10 +23,12 @@ pub enum Placement {
 pub struct FieldSpec {
     pub placement: Placement,
     pub segments: Option<(usize, Span)>,
+    /// The full weight's shape, when declared: `dims = [4096, 11008]`.
+    pub dims: Option<Vec<(usize, Span)>>,
 }
 
 pub const ACCEPTED_PLACEMENTS: &str = "expected a placement: `Replicated` or `Sharded<AXIS>`";
-pub const ACCEPTED_KEYS: &str = "expected one of: `segments`";
+pub const ACCEPTED_KEYS: &str = "expected one of: `segments`, `dims`";
 
 impl Parse for Placement {
     fn parse(input: ParseStream) -> syn::Result<Self> {
@@ -64,27 +66,45 @@ impl Parse for FieldSpec {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let placement: Placement = input.parse()?;
         let mut segments = None;
+        let mut dims = None;
         while input.parse::<Option<Token![,]>>()?.is_some() {
             if input.is_empty() {
                 break;
             }
             let key: Ident = input.parse()?;
-            if key != "segments" {
+            let twice = || syn::Error::new_spanned(&key, format!("`{key}` is given twice"));
+            if key == "segments" {
+                if segments.is_some() {
+                    return Err(twice());
+                }
+                input.parse::<Token![=]>()?;
+                let value: LitInt = input.parse()?;
+                segments = Some((value.base10_parse::<usize>()?, value.span()));
+            } else if key == "dims" {
+                if dims.is_some() {
+                    return Err(twice());
+                }
+                input.parse::<Token![=]>()?;
+                let content;
+                syn::bracketed!(content in input);
+                let values = content.parse_terminated(LitInt::parse, Token![,])?;
+                dims = Some(
+                    values
+                        .iter()
+                        .map(|v| Ok((v.base10_parse::<usize>()?, v.span())))
+                        .collect::<syn::Result<Vec<_>>>()?,
+                );
+            } else {
                 return Err(syn::Error::new_spanned(
                     &key,
                     format!("unknown key `{key}`; {ACCEPTED_KEYS}"),
                 ));
             }
-            if segments.is_some() {
-                return Err(syn::Error::new_spanned(&key, "`segments` is given twice"));
-            }
-            input.parse::<Token![=]>()?;
-            let value: LitInt = input.parse()?;
-            segments = Some((value.base10_parse::<usize>()?, value.span()));
         }
         Ok(Self {
             placement,
             segments,
+            dims,
         })
     }
 }
@@ -116,7 +136,7 @@ mod tests {
         assert!(msg("Partial").contains("a weight cannot be `Partial`"));
         assert_eq!(
             msg("Replicated, segs = 2"),
-            "unknown key `segs`; expected one of: `segments`"
+            "unknown key `segs`; expected one of: `segments`, `dims`"
         );
         assert_eq!(
             msg("Sharded<0>, segments = 2, segments = 3"),

@@ -56,6 +56,37 @@ fn with_item(error: syn::Error, item: &ItemStruct) -> TokenStream {
     out
 }
 
+/// For a layer generic over `Mesh<N>`, the divisibility of a declared
+/// sharded dimension by `N` is checked when the layer is instantiated
+/// (a const assertion; literal mesh sizes are checked by the macro itself).
+fn generic_mesh_check(field: &ShardField, dims: &[usize]) -> Option<TokenStream> {
+    let crate::attr::Placement::Sharded(axis) = field.spec.placement else {
+        return None;
+    };
+    let size = *dims.get(axis)?;
+    let comm = field.comm_ty.as_ref()?;
+    if crate::valid::mesh_size(comm).is_some() {
+        return None;
+    }
+    let syn::Type::Path(path) = comm else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "Mesh" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let n = args.args.first()?;
+    let k = field.spec.segments.map_or(1, |s| s.0).max(1);
+    let message = format!(
+        "field `{}`: dimension {size} is sharded over the mesh, whose size does not divide it",
+        field.ident
+    );
+    Some(quote!(const { assert!(#size % (#n * #k) == 0, #message) };))
+}
+
 fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
     let name = &item.ident;
     let (impl_generics, ty_generics, where_clause) = item.generics.split_for_impl();
@@ -71,6 +102,18 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         .map(|f| f.spec.segments.map_or(1, |s| s.0))
         .collect();
     let names: Vec<String> = idents.iter().map(|i| i.to_string()).collect();
+    let shape_checks: Vec<TokenStream> = fields
+        .iter()
+        .filter_map(|f| {
+            let dims: Vec<usize> = f.spec.dims.as_ref()?.iter().map(|d| d.0).collect();
+            let (ident, name) = (&f.ident, f.ident.to_string());
+            let static_check = generic_mesh_check(f, &dims);
+            Some(quote! {
+                #static_check
+                ::safemlx_dist::__private::check_weight_dims(#name, &#ident, &[#(#dims),*])?;
+            })
+        })
+        .collect();
     let docs_from = format!(
         "Builds `{name}` on this rank from full (unsharded) weights: each rank keeps exactly its part of each (fields: {}). No communication.",
         names.join(", ")
@@ -90,6 +133,7 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 #(#idents: ::safemlx::Array,)*
                 stream: &::safemlx::Stream,
             ) -> ::safemlx_dist::Result<Self> {
+                #(#shape_checks)*
                 Ok(Self {
                     #(#idents: ::safemlx_dist::__private::shard_weight::<#placements, #comm>(
                         #idents, comm, #segments, #names, stream,

@@ -30,19 +30,9 @@ fn type_name(ty: &Type) -> Option<(String, bool, &syn::PathSegment)> {
 
 /// `N` of a `Mesh<N>` / `&Mesh<N>` written with a literal.
 fn mesh_size(ty: &Type) -> Option<usize> {
-    let (name, _, segment) = type_name(ty)?;
-    if name != "Mesh" {
-        return None;
-    }
-    let syn::PathArguments::AngleBracketed(args) = &segment.arguments else {
-        return None;
-    };
-    match args.args.first()? {
-        syn::GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Int(i),
-            ..
-        })) => i.base10_parse().ok(),
-        _ => None,
+    match ty {
+        Type::Reference(r) => crate::valid::mesh_size(&r.elem),
+        other => crate::valid::mesh_size(other),
     }
 }
 

@@ -15,6 +15,25 @@ pub struct ShardField {
     pub comm_ty: Option<Type>,
 }
 
+/// `N` of a `Mesh<N>` written with a literal.
+pub fn mesh_size(ty: &Type) -> Option<usize> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Mesh" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        })) => i.base10_parse().ok(),
+        _ => None,
+    }
+}
+
 fn placement_of(ty: &Type) -> Option<Placement> {
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
@@ -123,6 +142,30 @@ pub fn struct_fields(item: &mut ItemStruct) -> syn::Result<Vec<ShardField>> {
                 ),
             ));
             continue;
+        }
+        if let (Some(dims), Placement::Sharded(axis)) = (&spec.dims, &spec.placement) {
+            if *axis >= dims.len() {
+                push(syn::Error::new(
+                    dims.last().map_or(proc_macro2::Span::call_site(), |d| d.1),
+                    format!("field `{ident}` is Sharded<{axis}> but `dims` has {} dimensions: axis {axis} is out of range", dims.len()),
+                ));
+                continue;
+            }
+            let n = comm_ty.as_ref().and_then(mesh_size);
+            let k = spec.segments.map_or(1, |s| s.0).max(1);
+            if let Some(n) = n {
+                let (size, span) = dims[*axis];
+                if size % (n * k) != 0 {
+                    push(syn::Error::new(
+                        span,
+                        format!(
+                            "field `{ident}`: dimension {size} is sharded over a mesh of {n} ranks{}, which does not divide it",
+                            if k > 1 { format!(" in {k} segments") } else { String::new() }
+                        ),
+                    ));
+                    continue;
+                }
+            }
         }
         if let Some((k, span)) = spec.segments {
             if k == 0 {

@@ -32,7 +32,7 @@ mod book;
 /// What `#[sharded]` expands to calls; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::typed::{gather_weight, shard_weight, Dim, Dims};
+    pub use crate::typed::{check_weight_dims, gather_weight, shard_weight, Dim, Dims};
 }
 
 /// Declares a layer's weight layout; see the book's "#[sharded]" chapter.

@@ -227,3 +227,42 @@ fn segments_that_do_not_divide_are_a_clear_error() {
         })
         .unwrap();
 }
+
+/// A layer for any static mesh size, with declared full shapes: the
+/// divisibility of 16 by `N` is checked when `Wide::<N>` is instantiated.
+#[sharded]
+struct Wide<const N: usize> {
+    #[shard(Sharded<1>, dims = [8, 16])]
+    up: ShardedArray<Sharded<1>, safemlx_dist::Mesh<N>>,
+    #[shard(Replicated, dims = [16])]
+    bias: ShardedArray<Replicated, safemlx_dist::Mesh<N>>,
+}
+
+fn check_wide<const N: usize>(group: &Group) {
+    let s = cpu();
+    let mesh = safemlx_dist::Mesh::<N>::new(group.clone()).expect("launched with N ranks");
+    let up = Array::from_slice(&[0.5f32; 8 * 16], &[8, 16]);
+    let bias = Array::from_slice(&[0.0f32; 16], &[16]);
+    let layer = Wide::<N>::from_full(&mesh, up.clone(), bias.clone(), &s).expect("declared shapes");
+    assert_eq!(layer.layout()[0].local_shape, [8, 16 / N as i32]);
+    let error = Wide::<N>::from_full(
+        &mesh,
+        Array::from_slice(&[0.5f32; 8 * 12], &[8, 12]),
+        bias,
+        &s,
+    )
+    .err()
+    .map(|e| e.to_string());
+    assert_eq!(
+        error.as_deref(),
+        Some(
+            "weight `up` is declared with dims [8, 16] but the full weight given has shape [8, 12]"
+        )
+    );
+}
+
+#[test]
+fn declared_dims_on_static_meshes_of_2_and_4() {
+    Ranks::new(2).run_test(check_wide::<2>).unwrap();
+    Ranks::new(4).run_test(check_wide::<4>).unwrap();
+}

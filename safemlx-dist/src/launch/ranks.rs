@@ -6,7 +6,8 @@ use super::{Launch, LaunchError};
 use crate::{Backend, Group};
 
 /// The variable that marks a process as one rank of a [`Ranks`] run; its
-/// value is the name of the test that runs in the ranks.
+/// value is `TEST#N#BACKEND`: the test that runs in the ranks, their number
+/// and their backend.
 pub const RANK_OF_ENV: &str = "SAFEMLX_DIST_RANK_OF";
 
 /// A test body run by N real processes of the current test binary.
@@ -59,9 +60,11 @@ impl Ranks {
         self
     }
 
-    /// Whether this process is a rank started for `test`.
-    fn is_rank_of(test: &str) -> bool {
-        std::env::var(RANK_OF_ENV).is_ok_and(|name| name == test)
+    /// The value of [`RANK_OF_ENV`] for this launch: the test, the rank
+    /// count and the backend, so a test that launches several
+    /// configurations runs each body only in the ranks started for it.
+    fn marker(&self, test: &str) -> String {
+        format!("{test}#{}#{}", self.ranks, self.backend)
     }
 
     /// In the test: starts the ranks and waits for them. In a rank: joins the
@@ -79,7 +82,12 @@ impl Ranks {
     pub fn run_test(self, body: impl FnOnce(&Group)) -> Result<(), LaunchError> {
         let thread = std::thread::current();
         let test = thread.name().unwrap_or("main").to_owned();
-        if Self::is_rank_of(&test) {
+        let current = std::env::var(RANK_OF_ENV).ok();
+        if current.as_deref().and_then(|m| m.split('#').next()) == Some(test.as_str()) {
+            if current.as_deref() != Some(self.marker(&test).as_str()) {
+                // A rank of this test, started for another rank count.
+                return Ok(());
+            }
             // One rank is the singleton group (MLX's ring does not form a
             // ring of one); more join strictly, so a broken set-up fails.
             let strict = self.ranks > 1;
@@ -95,7 +103,7 @@ impl Ranks {
             .backend(self.backend)
             .timeout(self.timeout)
             .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
-            .env(RANK_OF_ENV, &test)
+            .env(RANK_OF_ENV, self.marker(&test))
             .run()?;
         if report.mpirun_messages.is_empty() {
             Ok(())

@@ -24,4 +24,4 @@ pub use placement::{
 pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};
 pub use sharded::ShardedArray;
-pub use weights::{gather_weight, shard_weight, Dim, Dims, FieldLayout};
+pub use weights::{check_weight_dims, gather_weight, shard_weight, Dim, Dims, FieldLayout};

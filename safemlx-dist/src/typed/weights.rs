@@ -182,3 +182,25 @@ impl Dims {
         Ok(())
     }
 }
+
+/// Checks a full weight against the shape its `#[shard(..., dims = [...])]`
+/// declares, before anything is sliced.
+///
+/// # Errors
+/// The field's name, the declared shape and the weight's shape.
+pub fn check_weight_dims(name: &str, full: &Array, dims: &[usize]) -> Result<()> {
+    let matches = full.ndim() == dims.len()
+        && full
+            .shape()
+            .iter()
+            .zip(dims)
+            .all(|(&got, &want)| usize::try_from(got).ok() == Some(want));
+    if matches {
+        Ok(())
+    } else {
+        Err(Error::Shape(format!(
+            "weight `{name}` is declared with dims {dims:?} but the full weight given has shape {:?}",
+            full.shape()
+        )))
+    }
+}

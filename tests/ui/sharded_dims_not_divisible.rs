@@ -1,0 +1,9 @@
+use safemlx_dist::{sharded, Mesh, Sharded, ShardedArray};
+
+#[sharded]
+struct Layer {
+    #[shard(Sharded<1>, dims = [4096, 11006])]
+    up: ShardedArray<Sharded<1>, Mesh<4>>,
+}
+
+fn main() {}
