@@ -130,8 +130,7 @@ fn gather(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream) 
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let mine = lengths.get(group.rank()).copied().unwrap_or(0);
     if lengths.iter().all(|&l| l == longest) {
-        return from_front(crate::all_gather(&front, group, s)?, 0, s)
-            .and_then(|g| from_front(g, axis, s));
+        return from_front(crate::all_gather(&front, group, s)?, axis, s);
     }
     // Uneven: pad every chunk to the longest, gather, keep each rank's rows.
     let padded = if mine < longest {

@@ -90,6 +90,7 @@ impl<const A: usize> RedistributeTo<Sharded<A>> for Partial {
         x: ShardedArray<Self, C>,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<A>, C>> {
+        // Fails with a clear message when the array has no axis A.
         local_shape::<Sharded<A>>(x.global_shape(), 0, 1)?;
         let lengths = x.axis_lengths(A);
         let local = x.comm().sum_scatter(x.local(), A, &lengths, s)?;
@@ -106,6 +107,7 @@ impl<const A: usize, const B: usize> RedistributeTo<Sharded<B>> for Sharded<A> {
             let local = x.local().clone();
             return Ok(rewrap(x, local));
         }
+        // Fails with a clear message when the array has no axis B.
         local_shape::<Sharded<B>>(x.global_shape(), 0, 1)?;
         let local = all_to_all(&x, A, B, s)?;
         Ok(rewrap(x, local))

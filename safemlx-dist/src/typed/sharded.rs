@@ -85,9 +85,9 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     pub fn from_local(local: Array, comm: &C, global: &[i32]) -> Result<Self> {
         if P::RAGGED {
             // Ragged rows are known only at run time: the trailing shape must agree.
-            if local.shape().get(1..) != global.get(1..) {
+            if local.ndim() == 0 || local.shape().get(1..) != global.get(1..) {
                 return Err(Error::Shape(format!(
-                    "a Ragged local array of shape {:?} does not have the trailing shape of {global:?}",
+                    "a Ragged local array needs leading rows and the trailing shape of {global:?}; it has shape {:?}",
                     local.shape()
                 )));
             }
