@@ -179,8 +179,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
             );
             continue;
         };
-        let Some((type_ident, by_ref, _)) = type_name(ty).filter(|(n, _, _)| n == "ShardedArray")
-        else {
+        let Some((_, by_ref, _)) = type_name(ty).filter(|(n, _, _)| n == "ShardedArray") else {
             combine(
                 &mut errors,
                 syn::Error::new_spanned(
@@ -194,7 +193,6 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
             );
             continue;
         };
-        debug_assert_eq!(type_ident, "ShardedArray");
         static_checks(spec, mesh, &mut errors);
         let name = &spec.name;
         let label = name.to_string();
