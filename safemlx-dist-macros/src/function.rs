@@ -50,6 +50,7 @@ fn dims_text(dims: &[Dim]) -> String {
         .map(|d| match d {
             Dim::Lit(v, _) => v.to_string(),
             Dim::Sym(s) => s.to_string(),
+            Dim::Bound(s, v, _) => format!("{s} = {v}"),
         })
         .collect();
     format!("[{}]", parts.join(", "))
@@ -57,7 +58,7 @@ fn dims_text(dims: &[Dim]) -> String {
 
 fn dims_tokens(dims: &[Dim]) -> TokenStream {
     let items = dims.iter().map(|d| match d {
-        Dim::Lit(v, _) => quote!(::safemlx_dist::__private::Dim::Size(#v)),
+        Dim::Lit(v, _) | Dim::Bound(_, v, _) => quote!(::safemlx_dist::__private::Dim::Size(#v)),
         Dim::Sym(s) => {
             let name = s.to_string();
             quote!(::safemlx_dist::__private::Dim::Named(#name))
@@ -87,7 +88,7 @@ fn static_checks(spec: &Spec, mesh: Option<usize>, errors: &mut Option<syn::Erro
         );
         return;
     };
-    if let (Dim::Lit(size, span), Some(n)) = (dim, mesh) {
+    if let (Dim::Lit(size, span) | Dim::Bound(_, size, span), Some(n)) = (dim, mesh) {
         if size % n != 0 {
             combine(
                 errors,
@@ -96,6 +97,35 @@ fn static_checks(spec: &Spec, mesh: Option<usize>, errors: &mut Option<syn::Erro
                     format!("dimension {size} of `{}` is sharded over a mesh of {n} ranks, which does not divide it", spec.name),
                 ),
             );
+        }
+    }
+}
+
+/// A name bound to a size (`D = 4096`) must have that size wherever the
+/// attribute binds it again: the way to say that the inner dimensions of
+/// two declared shapes agree (`x: [T, D = 4096]`, `w: [D = 4096, H]`).
+fn bound_dims_agree(args: &FnArgs, errors: &mut Option<syn::Error>) {
+    let mut seen: Vec<(String, usize, String)> = Vec::new();
+    for spec in args.params.iter().chain(&args.ret) {
+        for dim in spec.dims.iter().flatten() {
+            let Dim::Bound(name, size, span) = dim else {
+                continue;
+            };
+            let key = name.to_string();
+            match seen.iter().find(|(n, _, _)| *n == key) {
+                Some((_, first, owner)) if first != size => combine(
+                    errors,
+                    syn::Error::new(
+                        *span,
+                        format!(
+                            "dimension `{key}` is {first} in `{owner}` but {size} in `{}`: declared shapes that share a dimension must agree",
+                            spec.name
+                        ),
+                    ),
+                ),
+                Some(_) => {}
+                None => seen.push((key, *size, spec.name.to_string())),
+            }
         }
     }
 }
@@ -211,6 +241,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
     if let Some(ret) = &args.ret {
         static_checks(ret, mesh, &mut errors);
     }
+    bound_dims_agree(&args, &mut errors);
     if let Some(errors) = errors {
         let mut out = errors.to_compile_error();
         out.extend(func.into_token_stream());

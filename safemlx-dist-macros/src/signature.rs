@@ -15,6 +15,9 @@ pub enum Dim {
     Lit(usize, Span),
     /// A size named by a symbol, checked to agree wherever it appears.
     Sym(Ident),
+    /// `NAME = SIZE`: a named size known at compile time; every use of the
+    /// name in the attribute must agree with it (checked by the macro).
+    Bound(Ident, usize, Span),
 }
 
 /// `x: [T, 4096] @ Replicated` or `return @ Sharded<0>`.
@@ -63,9 +66,13 @@ impl Parse for Dim {
             let sym: Ident = input.parse().map_err(|e| {
                 syn::Error::new(
                     e.span(),
-                    "a dimension is an integer or a name, e.g. `[T, 4096]`",
+                    "a dimension is an integer, a name, or `NAME = INTEGER`, e.g. `[T, D = 4096]`",
                 )
             })?;
+            if input.parse::<Option<Token![=]>>()?.is_some() {
+                let lit: LitInt = input.parse()?;
+                return Ok(Self::Bound(sym, lit.base10_parse()?, lit.span()));
+            }
             Ok(Self::Sym(sym))
         }
     }
@@ -167,6 +174,9 @@ mod tests {
         assert_eq!(args.params.len(), 2);
         assert_eq!(args.params[1].placement, Placement::Partial);
         assert_eq!(args.ret.unwrap().placement, Placement::Sharded(0));
+        let bound: FnArgs = syn::parse_str("x: [T, D = 4096] @ Replicated").unwrap();
+        let dims = bound.params[0].dims.as_ref().unwrap();
+        assert!(matches!(&dims[1], Dim::Bound(name, 4096, _) if name == "D"));
     }
 
     #[test]

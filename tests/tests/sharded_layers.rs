@@ -33,7 +33,7 @@ impl Mlp {
 
     /// The same with `#[sharded]`: the input arrives sequence-sharded and
     /// is gathered; the body's `Partial` result gets the `all_sum`.
-    #[sharded(x: [T, 8] @ Replicated, return: [T, 8] @ Replicated)]
+    #[sharded(x: [T, D = 8] @ Replicated, return: [T, D = 8] @ Replicated)]
     fn forward_macro(
         &self,
         x: ShardedArray<Sharded<0>>,
@@ -157,7 +157,9 @@ fn check(group: &Group) {
     let error = mlp.forward_macro(wide, &s).expect_err("wrong width");
     assert_eq!(
         error.to_string(),
-        format!("`x` is declared [T, 8] but its global shape is [{t}, 9]: axis 1 is 9, expected 8")
+        format!(
+            "`x` is declared [T, D = 8] but its global shape is [{t}, 9]: axis 1 is 9, expected 8"
+        )
     );
 
     let full = mlp.gather_full(&s).expect("gather");
