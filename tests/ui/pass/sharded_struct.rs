@@ -1,0 +1,29 @@
+// A layer struct: every form of #[shard] the grammar accepts.
+use safemlx_dist::{sharded, Mesh, Replicated, Sharded, ShardedArray};
+
+#[sharded]
+struct Attention {
+    #[shard(Sharded<1>, segments = 3)]
+    qkv: ShardedArray<Sharded<1>>,
+    #[shard(Sharded<0>)]
+    out: ShardedArray<Sharded<0>>,
+    #[shard(Replicated)]
+    norm: ShardedArray<Replicated>,
+}
+
+#[sharded]
+struct Static<const N: usize> {
+    #[shard(Sharded<1>, dims = [8, 16])]
+    up: ShardedArray<Sharded<1>, Mesh<N>>,
+}
+
+#[sharded]
+struct OnFour {
+    #[shard(Sharded<0>, dims = [16, 8])]
+    down: ShardedArray<Sharded<0>, Mesh<4>>,
+}
+
+fn main() {
+    let _ = (Attention::from_full, Attention::gather_full, Attention::layout);
+    let _ = (Static::<2>::from_full, OnFour::from_full);
+}
