@@ -10,7 +10,7 @@ use syn::{FnArg, ItemFn, Pat, Type};
 use crate::attr::Placement;
 use crate::signature::{Dim, FnArgs, Spec};
 
-fn combine(errors: &mut Option<syn::Error>, e: syn::Error) {
+fn combine_err(errors: &mut Option<syn::Error>, e: syn::Error) {
     match errors.as_mut() {
         Some(all) => all.combine(e),
         None => *errors = Some(e),
@@ -74,7 +74,7 @@ fn static_checks(spec: &Spec, mesh: Option<usize>, errors: &mut Option<syn::Erro
         return;
     };
     let Some(dim) = dims.get(*axis) else {
-        combine(
+        combine_err(
             errors,
             syn::Error::new(
                 spec.placement_span,
@@ -90,7 +90,7 @@ fn static_checks(spec: &Spec, mesh: Option<usize>, errors: &mut Option<syn::Erro
     };
     if let (Dim::Lit(size, span) | Dim::Bound(_, size, span), Some(n)) = (dim, mesh) {
         if size % n != 0 {
-            combine(
+            combine_err(
                 errors,
                 syn::Error::new(
                     *span,
@@ -113,7 +113,7 @@ fn bound_dims_agree(args: &FnArgs, errors: &mut Option<syn::Error>) {
             };
             let key = name.to_string();
             match seen.iter().find(|(n, _, _)| *n == key) {
-                Some((_, first, owner)) if first != size => combine(
+                Some((_, first, owner)) if first != size => combine_err(
                     errors,
                     syn::Error::new(
                         *span,
@@ -128,6 +128,13 @@ fn bound_dims_agree(args: &FnArgs, errors: &mut Option<syn::Error>) {
             }
         }
     }
+}
+
+/// The errors, then the function unchanged (so that IDEs keep working).
+fn finish_with_errors(errors: Option<syn::Error>, func: ItemFn) -> TokenStream {
+    let mut out = errors.map(|e| e.to_compile_error()).unwrap_or_default();
+    out.extend(func.into_token_stream());
+    out
 }
 
 /// Checks `args` against `func` and wraps its body.
@@ -155,7 +162,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
     let stream = match &args.stream {
         Some(name) => {
             if find(name).is_none() {
-                combine(
+                combine_err(
                     &mut errors,
                     syn::Error::new_spanned(
                         name,
@@ -171,7 +178,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
             .map(|(n, _)| syn::Ident::new(n, proc_macro2::Span::call_site())),
     };
     if stream.is_none() && errors.is_none() {
-        combine(
+        combine_err(
             &mut errors,
             syn::Error::new_spanned(&func.sig.ident, "a #[sharded] function needs a `&Stream` parameter for the collectives it inserts (or name one with `stream = PARAM`)"),
         );
@@ -180,7 +187,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         Some(name) => match find(name) {
             Some(ty) => mesh_size(ty),
             None => {
-                combine(
+                combine_err(
                     &mut errors,
                     syn::Error::new_spanned(
                         name,
@@ -197,7 +204,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
     let mut conversions = Vec::new();
     for spec in &args.params {
         let Some(ty) = find(&spec.name) else {
-            combine(
+            combine_err(
                 &mut errors,
                 syn::Error::new_spanned(
                     &spec.name,
@@ -210,7 +217,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
             continue;
         };
         let Some((_, by_ref, _)) = type_name(ty).filter(|(n, _, _)| n == "ShardedArray") else {
-            combine(
+            combine_err(
                 &mut errors,
                 syn::Error::new_spanned(
                     &spec.name,
@@ -242,10 +249,42 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         static_checks(ret, mesh, &mut errors);
     }
     bound_dims_agree(&args, &mut errors);
-    if let Some(errors) = errors {
-        let mut out = errors.to_compile_error();
-        out.extend(func.into_token_stream());
-        return out;
+    // route(TOKENS, COUNTS): dispatch before the body, combine after it.
+    let (dispatch, combine) = match &args.route {
+        None => (None, None),
+        Some((tokens, counts)) => {
+            for name in [tokens, counts] {
+                if find(name).is_none() {
+                    combine_err(
+                        &mut errors,
+                        syn::Error::new_spanned(
+                            name,
+                            format!("no parameter named `{name}`; the parameters are {names}"),
+                        ),
+                    );
+                }
+            }
+            let Some(mesh) = &args.mesh else {
+                combine_err(&mut errors, syn::Error::new_spanned(tokens, "`route(...)` needs `mesh = PARAM`: the counts are exchanged over that group"));
+                return finish_with_errors(errors, func);
+            };
+            // Spanned on `COUNTS`, so a count array of the wrong length is
+            // reported there.
+            let counts_ref = quote::quote_spanned!(counts.span()=> &#counts);
+            (
+                Some(quote! {
+                    let __plan = ::safemlx_dist::typed::RoutingPlan::exchange(#mesh, #counts_ref, #stream)?;
+                    let __unrouted = ::std::clone::Clone::clone(&#tokens);
+                    let #tokens = #tokens.route(&__plan, #stream)?;
+                }),
+                Some(quote! {
+                    let __out = __out.route_back(&__plan, &__unrouted, #stream)?;
+                }),
+            )
+        }
+    };
+    if errors.is_some() {
+        return finish_with_errors(errors, func);
     }
 
     let body = &func.block;
@@ -270,8 +309,10 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         let mut __dims = ::safemlx_dist::__private::Dims::default();
         #(#checks)*
         #(#conversions)*
+        #dispatch
         #[allow(clippy::redundant_closure_call)]
         let __out = (|| -> ::safemlx_dist::Result<_> { #body })()?;
+        #combine
         #finish
     });
     func.block = Box::new(wrapped);

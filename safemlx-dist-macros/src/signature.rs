@@ -37,9 +37,12 @@ pub struct FnArgs {
     pub stream: Option<Ident>,
     pub params: Vec<Spec>,
     pub ret: Option<Spec>,
+    /// `route(TOKENS, COUNTS)`: rows of `TOKENS` are dispatched by the
+    /// per-destination `COUNTS`, and the result is combined back.
+    pub route: Option<(Ident, Ident)>,
 }
 
-pub const ACCEPTED: &str = "expected one of: `mesh = PARAM`, `stream = PARAM`, `PARAM: [DIMS] @ PLACEMENT`, `return: [DIMS] @ PLACEMENT`";
+pub const ACCEPTED: &str = "expected one of: `mesh = PARAM`, `stream = PARAM`, `route(TOKENS, COUNTS)`, `PARAM: [DIMS] @ PLACEMENT`, `return: [DIMS] @ PLACEMENT`";
 
 fn parse_placement(input: ParseStream) -> syn::Result<(Placement, Span)> {
     let span = input.span();
@@ -90,6 +93,22 @@ impl Parse for FnArgs {
                     .parse()
                     .map_err(|e| syn::Error::new(e.span(), ACCEPTED))?
             };
+            if name == "route" && input.peek(syn::token::Paren) {
+                let content;
+                syn::parenthesized!(content in input);
+                let tokens: Ident = content.parse()?;
+                content.parse::<Token![,]>()?;
+                let counts: Ident = content.parse()?;
+                if args.route.is_some() {
+                    return Err(syn::Error::new_spanned(&name, "`route` is given twice"));
+                }
+                args.route = Some((tokens, counts));
+                if input.is_empty() {
+                    break;
+                }
+                input.parse::<Token![,]>()?;
+                continue;
+            }
             if input.peek(Token![=]) {
                 input.parse::<Token![=]>()?;
                 let value: Ident = input.parse()?;
@@ -174,6 +193,12 @@ mod tests {
         assert_eq!(args.params.len(), 2);
         assert_eq!(args.params[1].placement, Placement::Partial);
         assert_eq!(args.ret.unwrap().placement, Placement::Sharded(0));
+        let routed: FnArgs = syn::parse_str("mesh = m, route(tokens, counts)").unwrap();
+        let (t, c) = routed.route.unwrap();
+        assert_eq!(
+            (t.to_string(), c.to_string()),
+            ("tokens".into(), "counts".into())
+        );
         let bound: FnArgs = syn::parse_str("x: [T, D = 4096] @ Replicated").unwrap();
         let dims = bound.params[0].dims.as_ref().unwrap();
         assert!(matches!(&dims[1], Dim::Bound(name, 4096, _) if name == "D"));

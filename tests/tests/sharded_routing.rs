@@ -1,0 +1,57 @@
+//! `#[sharded(mesh = .., route(tokens, counts))]`: rows are dispatched to
+//! the ranks their counts name (counts exchanged first), the body runs on
+//! the rows each rank receives, and the results come back in place.
+
+use safemlx::{Array, Dtype, Stream};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::{sharded, Group, Mesh, Ragged, ShardedArray};
+use safemlx_dist_tests::{array, cpu, read, rows_between};
+
+/// Adds `1000 * rank` to every row it is given: after the combine, each row
+/// tells which rank processed it.
+#[sharded(mesh = mesh, route(tokens, counts))]
+fn mark_owner<const N: usize>(
+    mesh: &Mesh<N>,
+    tokens: ShardedArray<Ragged, Mesh<N>>,
+    counts: [usize; N],
+    s: &Stream,
+) -> safemlx_dist::Result<ShardedArray<Ragged, Mesh<N>>> {
+    use safemlx_dist::Collective;
+    let offset = Array::from_f32(1000.0 * mesh.rank() as f32).as_dtype(Dtype::Int32, s)?;
+    let local = tokens.local().add(&offset, s)?;
+    ShardedArray::from_local(local, mesh, tokens.global_shape())
+}
+
+fn check<const N: usize>(group: &Group) {
+    let s = cpu();
+    let mesh = Mesh::<N>::new(group.clone()).expect("launched with N ranks");
+    let r = group.rank();
+    let counts: [usize; N] = std::array::from_fn(|d| rows_between(r, d));
+    // Row k to destination d holds [d, k].
+    let rows: Vec<i32> = (0..N)
+        .flat_map(|d| (0..counts[d]).flat_map(move |k| [d as i32, k as i32]))
+        .collect();
+    let n_rows = counts.iter().sum::<usize>() as i32;
+    let tokens = ShardedArray::<Ragged, Mesh<N>>::from_local(
+        array(&rows, &[n_rows, 2], Dtype::Int32, &s),
+        &mesh,
+        &[n_rows, 2],
+    )
+    .expect("ragged rows");
+    let back = mark_owner(&mesh, tokens, counts, &s).expect("dispatch, experts, combine");
+    let expected: Vec<i32> = rows
+        .chunks(2)
+        .flat_map(|row| [row[0] + 1000 * row[0], row[1] + 1000 * row[0]])
+        .collect();
+    assert_eq!(
+        read(back.local(), Dtype::Int32, &s),
+        expected,
+        "each row visited its destination and came back"
+    );
+}
+
+#[test]
+fn routed_rows_visit_their_destination_and_come_back() {
+    Ranks::new(2).run_test(check::<2>).unwrap();
+    Ranks::new(4).run_test(check::<4>).unwrap();
+}
