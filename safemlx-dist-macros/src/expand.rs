@@ -231,4 +231,9 @@ mod tests {
     fn the_book_shows_the_real_function_expansion() {
         check("<!-- fn example -->", "<!-- fn expansion -->");
     }
+
+    #[test]
+    fn the_book_shows_the_real_routing_expansion() {
+        check("<!-- route example -->", "<!-- route expansion -->");
+    }
 }
