@@ -22,6 +22,9 @@ pub struct Placements;
 #[doc = include_str!("../../book/src/sharded.md")]
 pub struct Sharded;
 
+#[doc = include_str!("../../book/src/tensor-parallel.md")]
+pub struct TensorParallel;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

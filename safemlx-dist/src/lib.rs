@@ -21,8 +21,13 @@
 
 #![warn(missing_docs)]
 
+// `#[sharded]` expands to `::safemlx_dist::...` paths; this makes them
+// resolve inside the crate too (the parallel layers use the attribute).
+extern crate self as safemlx_dist;
+
 mod error;
 pub mod launch;
+pub mod nn;
 mod runtime;
 pub mod typed;
 
