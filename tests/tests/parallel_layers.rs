@@ -4,7 +4,7 @@
 
 use safemlx::{Array, Stream};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, SwiGluMlp};
+use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{Group, ShardedArray};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::typed::Rng;
@@ -41,6 +41,45 @@ fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
 
 fn silu(x: &Array, s: &Stream) -> Array {
     x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
+}
+
+/// Causal multi-head attention on one process, all heads: the reference.
+fn dense_attention(x: &Array, qkv: &Array, out: &Array, heads: i32, s: &Stream) -> Array {
+    let (t, d) = (x.shape()[0], x.shape()[1]);
+    let hd = d / heads;
+    let proj = x.matmul(qkv, s).unwrap();
+    let parts = proj.split_axis(&[d, 2 * d], 1, s).unwrap();
+    let by_head = |a: &Array| {
+        a.reshape(&[t, heads, hd], s)
+            .unwrap()
+            .transpose_axes(&[1, 0, 2], s)
+            .unwrap()
+    };
+    let (q, k, v) = (by_head(&parts[0]), by_head(&parts[1]), by_head(&parts[2]));
+    let mut mask = vec![0f32; (t * t) as usize];
+    for i in 0..t {
+        for j in (i + 1)..t {
+            mask[(i * t + j) as usize] = -1e9;
+        }
+    }
+    let scores = q
+        .matmul(k.transpose_axes(&[0, 2, 1], s).unwrap(), s)
+        .unwrap()
+        .multiply(Array::from_f32(1.0 / (hd as f32).sqrt()), s)
+        .unwrap()
+        .add(Array::from_slice(&mask, &[t, t]), s)
+        .unwrap();
+    let weights = safemlx::ops::softmax_axis(&scores, -1, None, s).unwrap();
+    let heads_out = weights
+        .matmul(&v, s)
+        .unwrap()
+        .transpose_axes(&[1, 0, 2], s)
+        .unwrap();
+    heads_out
+        .reshape(&[t, d], s)
+        .unwrap()
+        .matmul(out, s)
+        .unwrap()
 }
 
 fn check(group: &Group) {
@@ -91,6 +130,22 @@ fn check(group: &Group) {
         .matmul(&down, &s)
         .unwrap();
     let mlp = SwiGluMlp::from_full(group, gate, up, down, &s).expect("mlp");
+
+    // Causal attention: 2 heads per rank, 2 dimensions per head, 5 tokens.
+    let heads = 2 * n;
+    let dm = 2 * heads;
+    let (xa, qkv, out) = (
+        random(&mut rng, &[5, dm]),
+        random(&mut rng, &[dm, 3 * dm]),
+        random(&mut rng, &[dm, dm]),
+    );
+    let dense_attn = dense_attention(&xa, &qkv, &out, heads, &s);
+    let attention =
+        ShardedAttention::from_full(group, heads as usize, qkv, out, &s).expect("attention");
+    let y = attention
+        .forward(&ShardedArray::replicated(xa, group), &s)
+        .expect("attention forward");
+    assert_close(y.local(), &dense_attn, "sharded causal attention", &s);
     assert_close(
         mlp.forward(&xr, &s).unwrap().local(),
         &dense,
@@ -108,6 +163,21 @@ fn check(group: &Group) {
         "SwiGLU MLP, sequence parallel",
         &s,
     );
+}
+
+#[test]
+fn attention_heads_must_split_evenly() {
+    Ranks::new(2)
+        .run_test(|group| {
+            let s = cpu();
+            let w = |r: i32, c: i32| Array::from_slice(&vec![0f32; (r * c) as usize], &[r, c]);
+            let error = ShardedAttention::from_full(group, 3, w(6, 18), w(6, 6), &s).expect_err("3 heads over 2 ranks");
+            assert_eq!(
+                error.to_string(),
+                "attention with 3 heads over 2 ranks: heads are split across ranks, so the head count must be a multiple of the rank count"
+            );
+        })
+        .unwrap();
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //! each rank keeping its part) and gives, through its forward, the same
 //! numbers as the dense single-process layer (tested at 1, 2 and 4 ranks).
 
+mod attention;
 mod linear;
 mod mlp;
 
+pub use attention::{AttentionWeights, ShardedAttention};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
