@@ -25,6 +25,9 @@ pub struct Sharded;
 #[doc = include_str!("../../book/src/tensor-parallel.md")]
 pub struct TensorParallel;
 
+#[doc = include_str!("../../book/src/moe.md")]
+pub struct Moe;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

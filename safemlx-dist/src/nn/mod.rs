@@ -7,7 +7,9 @@
 mod attention;
 mod linear;
 mod mlp;
+mod moe;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
+pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};

@@ -1,0 +1,236 @@
+//! Expert-parallel mixture of experts.
+
+use safemlx::{Array, Dtype, Stream};
+
+use crate::error::{Error, Result};
+use crate::typed::{Ragged, Replicated, RoutingPlan, Sharded, ShardedArray};
+use crate::{sharded, Group};
+
+/// The weights of an expert-parallel MoE: a replicated router `[D, E]` and
+/// `E` expert MLPs (`w1 [E, D, H]`, `w2 [E, H, D]`) split by experts: rank
+/// `r` holds experts `r E/n .. (r+1) E/n`.
+#[sharded]
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// `[D, E]`, on every rank.
+    #[shard(Replicated)]
+    pub router: ShardedArray<Replicated>,
+    /// `[E, D, H]`, split by experts.
+    #[shard(Sharded<0>)]
+    pub w1: ShardedArray<Sharded<0>>,
+    /// `[E, H, D]`, split by experts.
+    #[shard(Sharded<0>)]
+    pub w2: ShardedArray<Sharded<0>>,
+}
+
+/// What a forward returns besides the tokens.
+#[derive(Debug)]
+pub struct MoeOutput {
+    /// This rank's tokens after the experts, `[t, D]`, in input order.
+    pub tokens: ShardedArray<Ragged>,
+    /// The load-balancing loss `E * sum_e f_e * P_e` over all ranks' tokens
+    /// (`f_e`: share of routed slots that chose expert `e`; `P_e`: mean
+    /// router probability of `e`). 1.0 when perfectly balanced.
+    pub aux_loss: f32,
+    /// Rows this rank sent to each rank.
+    pub sent: Vec<usize>,
+    /// Rows this rank's experts processed, from each rank.
+    pub received: Vec<usize>,
+}
+
+/// Experts sharded across ranks, top-k routing with softmax gates,
+/// dropless: every token reaches its `k` experts. A forward exchanges the
+/// per-destination counts (one `all_gather` of `n` counts), dispatches the
+/// routed rows with one `all_to_all_v`, runs the local experts, and combines
+/// with the reverse `all_to_all_v`.
+#[derive(Debug)]
+pub struct ExpertParallelMoe {
+    weights: MoeWeights,
+    experts: usize,
+    top_k: usize,
+}
+
+fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
+    let a = a
+        .as_dtype(Dtype::Float32, s)?
+        .contiguous(false, s)?
+        .into_evaluated()?;
+    a.try_to_vec::<f32>()
+        .map_err(|e| Error::Shape(format!("reading router output: {e}")))
+}
+
+fn indices(values: &[usize]) -> Array {
+    let values: Vec<i32> = values.iter().map(|&v| v as i32).collect();
+    Array::from_slice(&values, &[values.len() as i32])
+}
+
+impl ExpertParallelMoe {
+    /// Builds this rank's part: the router, and its `E / n` experts.
+    ///
+    /// # Errors
+    /// When `E` is not a multiple of the rank count, or `top_k` is not 1 or 2.
+    pub fn from_full(
+        group: &Group,
+        top_k: usize,
+        router: Array,
+        w1: Array,
+        w2: Array,
+        s: &Stream,
+    ) -> Result<Self> {
+        let experts = usize::try_from(router.shape().get(1).copied().unwrap_or(0)).unwrap_or(0);
+        let n = group.size();
+        if experts == 0 || experts % n != 0 {
+            return Err(Error::Shape(format!(
+                "{experts} experts over {n} ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
+            )));
+        }
+        if !(1..=2).contains(&top_k) {
+            return Err(Error::Shape(format!(
+                "top_k is {top_k}; the router supports 1 or 2"
+            )));
+        }
+        let weights = MoeWeights::from_full(group, router, w1, w2, s)?;
+        Ok(Self {
+            weights,
+            experts,
+            top_k,
+        })
+    }
+
+    /// Routes this rank's tokens `[t, D]` (any number per rank) through
+    /// their top-k experts and combines the gated outputs.
+    pub fn forward(&self, tokens: &ShardedArray<Ragged>, s: &Stream) -> Result<MoeOutput> {
+        let comm = tokens.comm().clone();
+        let n = comm.size();
+        let x = tokens.local();
+        let (t, d) = (x.shape()[0] as usize, x.shape()[1]);
+        let e = self.experts;
+        let per_rank = e / n;
+
+        // Router: softmax over experts, top-k per token on the host.
+        let logits = x.matmul(self.weights.router.local(), s)?;
+        let probs = safemlx::ops::softmax_axis(&logits, -1, None, s)?;
+        let p = host_f32(&probs, s)?;
+        let mut slots = Vec::with_capacity(t * self.top_k); // (token, expert, gate)
+        for token in 0..t {
+            let row = &p[token * e..(token + 1) * e];
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
+            let chosen = &order[..self.top_k];
+            let norm: f32 = chosen.iter().map(|&c| row[c]).sum();
+            for &c in chosen {
+                slots.push((token, c, row[c] / norm));
+            }
+        }
+
+        // Dispatch order: by destination rank, then expert.
+        let mut order: Vec<usize> = (0..slots.len()).collect();
+        order.sort_by_key(|&i| (slots[i].1 / per_rank, slots[i].1, i));
+        let mut sent = vec![0usize; n];
+        for &i in &order {
+            sent[slots[i].1 / per_rank] += 1;
+        }
+        let rows = x.take_axis(
+            indices(&order.iter().map(|&i| slots[i].0).collect::<Vec<_>>()),
+            0,
+            s,
+        )?;
+        let ids: Vec<f32> = order
+            .iter()
+            .map(|&i| (slots[i].1 % per_rank) as f32)
+            .collect();
+        let ids = Array::from_slice(&ids, &[ids.len() as i32, 1]);
+
+        let plan = RoutingPlan::exchange(&comm, sent.as_slice(), s)?;
+        let as_ragged = |a: Array| ShardedArray::<Ragged>::from_local(a.clone(), &comm, a.shape());
+        let dispatched = as_ragged(rows)?;
+        let routed = dispatched.route(&plan, s)?;
+        let routed_ids = as_ragged(ids)?.route(&plan, s)?;
+        // Every rank runs the exchanges now and in the same order: a rank
+        // whose experts got no rows would otherwise never evaluate its part.
+        routed_ids.local().evaluated()?;
+        routed.local().evaluated()?;
+
+        // Local experts on the rows they received (grouped on the host).
+        let local_ids: Vec<usize> = host_f32(routed_ids.local(), s)?
+            .into_iter()
+            .map(|v| v as usize)
+            .collect();
+        let got = routed.local();
+        let mut outputs = Vec::new();
+        let mut placed = Vec::new();
+        for j in 0..per_rank {
+            let mine: Vec<usize> = (0..local_ids.len())
+                .filter(|&i| local_ids[i] == j)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let inputs = got.take_axis(indices(&mine), 0, s)?;
+            let pick = |w: &ShardedArray<Sharded<0>>| -> Result<Array> {
+                let mut parts = w.local().split(per_rank as i32, 0, s)?;
+                let shape = parts[j].shape()[1..].to_vec();
+                Ok(parts.swap_remove(j).reshape(&shape, s)?)
+            };
+            let hidden = inputs.matmul(pick(&self.weights.w1)?, s)?;
+            let hidden = hidden.multiply(safemlx::ops::sigmoid(&hidden, s)?, s)?;
+            outputs.push(hidden.matmul(pick(&self.weights.w2)?, s)?);
+            placed.extend(mine);
+        }
+        let processed = if outputs.is_empty() {
+            safemlx::ops::zeros_dtype(&[0, d], x.dtype(), s)?
+        } else {
+            let all = safemlx::ops::concatenate_axis(&outputs, 0, s)?;
+            // Back to arrival order.
+            let mut inverse = vec![0usize; placed.len()];
+            for (position, &row) in placed.iter().enumerate() {
+                inverse[row] = position;
+            }
+            all.take_axis(indices(&inverse), 0, s)?
+        };
+        let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
+        back.local().evaluated()?;
+
+        // Combine: undo the dispatch order, weight by the gates, sum the k slots.
+        let mut inverse = vec![0usize; order.len()];
+        for (position, &slot) in order.iter().enumerate() {
+            inverse[slot] = position;
+        }
+        let per_slot = back.local().take_axis(indices(&inverse), 0, s)?;
+        let gates: Vec<f32> = slots.iter().map(|s| s.2).collect();
+        let gates = Array::from_slice(&gates, &[gates.len() as i32, 1]).as_dtype(x.dtype(), s)?;
+        let combined = per_slot
+            .multiply(&gates, s)?
+            .reshape(&[t as i32, self.top_k as i32, d], s)?
+            .sum_axis(1, None, s)?;
+
+        // Load-balancing loss over all ranks' tokens.
+        let mut stats = vec![0f32; 2 * e + 1];
+        for &(_, c, _) in &slots {
+            stats[c] += 1.0;
+        }
+        for token in 0..t {
+            for c in 0..e {
+                stats[e + c] += p[token * e + c];
+            }
+        }
+        stats[2 * e] = t as f32;
+        let totals = host_f32(
+            &crate::all_sum(&Array::from_slice(&stats, &[stats.len() as i32]), &comm, s)?,
+            s,
+        )?;
+        let all_tokens = totals[2 * e].max(1.0);
+        let aux_loss = (0..e)
+            .map(|c| (totals[c] / (all_tokens * self.top_k as f32)) * (totals[e + c] / all_tokens))
+            .sum::<f32>()
+            * e as f32;
+
+        let tokens = as_ragged(combined)?;
+        Ok(MoeOutput {
+            tokens,
+            aux_loss,
+            sent,
+            received: plan.recv_counts().to_vec(),
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! The expert-parallel MoE between real processes against a dense
+//! single-process MoE on the same weights: balanced and skewed routing
+//! (every token to one expert, so some ranks receive nothing), top-1 and
+//! top-2, uneven token counts per rank, at 1, 2 and 4 ranks.
+
+use safemlx::{Array, Stream};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::nn::ExpertParallelMoe;
+use safemlx_dist::{Group, Ragged, ShardedArray};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::typed::Rng;
+
+const E: usize = 4;
+const D: usize = 4;
+const H: usize = 6;
+
+fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
+    rng.values(len)
+        .into_iter()
+        .map(|v| v as f32 * scale)
+        .collect()
+}
+
+fn host(a: &Array, s: &Stream) -> Vec<f32> {
+    a.contiguous(false, s)
+        .and_then(|a| a.into_evaluated())
+        .unwrap()
+        .try_to_vec::<f32>()
+        .unwrap()
+}
+
+/// The dense MoE of one token, on the host.
+fn dense_token(x: &[f32], router: &[f32], w1: &[f32], w2: &[f32], k: usize) -> Vec<f32> {
+    let logits: Vec<f32> = (0..E)
+        .map(|e| (0..D).map(|i| x[i] * router[i * E + e]).sum())
+        .collect();
+    let max = logits.iter().cloned().fold(f32::MIN, f32::max);
+    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = exp.iter().sum();
+    let p: Vec<f32> = exp.iter().map(|v| v / total).collect();
+    let mut order: Vec<usize> = (0..E).collect();
+    order.sort_by(|a, b| p[*b].total_cmp(&p[*a]).then(a.cmp(b)));
+    let norm: f32 = order[..k].iter().map(|&e| p[e]).sum();
+    let mut y = vec![0f32; D];
+    for &e in &order[..k] {
+        let h: Vec<f32> = (0..H)
+            .map(|j| {
+                let v: f32 = (0..D).map(|i| x[i] * w1[e * D * H + i * H + j]).sum();
+                v / (1.0 + (-v).exp())
+            })
+            .collect();
+        for (o, out) in y.iter_mut().enumerate() {
+            let v: f32 = (0..H).map(|j| h[j] * w2[e * H * D + j * D + o]).sum();
+            *out += p[e] / norm * v;
+        }
+    }
+    y
+}
+
+fn check(group: &Group, k: usize, skewed: bool) {
+    let s = cpu();
+    let (rank, n) = (group.rank(), group.size());
+    let mut rng = Rng::new(41);
+    let mut router = values(&mut rng, D * E, 0.2);
+    if skewed {
+        // A huge weight towards the last expert: every token picks it first.
+        for i in 0..D {
+            router[i * E + E - 1] = 50.0;
+        }
+    }
+    let (w1, w2) = (
+        values(&mut rng, E * D * H, 0.1),
+        values(&mut rng, E * H * D, 0.1),
+    );
+    // Rank q has 3 + q tokens, all positive in the skewed case.
+    let tokens: Vec<Vec<f32>> = (0..n)
+        .map(|q| {
+            values(&mut rng, (3 + q) * D, 0.1)
+                .into_iter()
+                .map(|v| if skewed { v.abs() + 0.1 } else { v })
+                .collect()
+        })
+        .collect();
+    let mine = &tokens[rank];
+    let t = mine.len() / D;
+
+    let moe = ExpertParallelMoe::from_full(
+        group,
+        k,
+        Array::from_slice(&router, &[D as i32, E as i32]),
+        Array::from_slice(&w1, &[E as i32, D as i32, H as i32]),
+        Array::from_slice(&w2, &[E as i32, H as i32, D as i32]),
+        &s,
+    )
+    .expect("moe");
+    let x = ShardedArray::<Ragged>::from_local(
+        Array::from_slice(mine, &[t as i32, D as i32]),
+        group,
+        &[t as i32, D as i32],
+    )
+    .expect("tokens");
+    let out = moe.forward(&x, &s).expect("forward");
+    let got = host(out.tokens.local(), &s);
+    let want: Vec<f32> = mine
+        .chunks(D)
+        .flat_map(|tok| dense_token(tok, &router, &w1, &w2, k))
+        .collect();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
+        / scale;
+    assert!(err <= 1e-4, "k {k}, skewed {skewed}: relative error {err}");
+    assert_eq!(
+        out.sent.iter().sum::<usize>(),
+        t * k,
+        "every slot is sent (dropless)"
+    );
+    if skewed && n > 1 {
+        // All first choices go to the last expert, on the last rank.
+        let first_rank_experts = E / n;
+        if rank < n - 1 && k == 1 && first_rank_experts < E {
+            assert_eq!(
+                out.received.iter().sum::<usize>(),
+                0,
+                "rank {rank} receives nothing"
+            );
+        }
+        assert!(
+            out.aux_loss > 1.5,
+            "a skewed router has a large balancing loss: {}",
+            out.aux_loss
+        );
+    }
+}
+
+fn all_cases(group: &Group) {
+    for k in [1, 2] {
+        for skewed in [false, true] {
+            check(group, k, skewed);
+        }
+    }
+}
+
+#[test]
+fn expert_parallel_moe_matches_dense_at_1_2_and_4_ranks() {
+    for ranks in [1, 2, 4] {
+        Ranks::new(ranks)
+            .run_test(all_cases)
+            .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
+    }
+}
+
+#[test]
+fn experts_must_split_evenly() {
+    Ranks::new(2)
+        .run_test(|group| {
+            let s = cpu();
+            let error = ExpertParallelMoe::from_full(
+                group,
+                1,
+                Array::from_slice(&[0f32; 3 * 4], &[4, 3]),
+                Array::from_slice(&[0f32; 3 * 4 * 2], &[3, 4, 2]),
+                Array::from_slice(&[0f32; 3 * 2 * 4], &[3, 2, 4]),
+                &s,
+            )
+            .expect_err("3 experts over 2 ranks");
+            assert_eq!(
+                error.to_string(),
+                "3 experts over 2 ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
+            );
+        })
+        .unwrap();
+}
