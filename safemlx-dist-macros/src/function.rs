@@ -158,17 +158,17 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         .collect::<Vec<_>>()
         .join(", ");
     let find = |name: &syn::Ident| params.iter().find(|(n, _)| name == n).map(|(_, t)| *t);
+    let missing = |name: &syn::Ident| {
+        syn::Error::new_spanned(
+            name,
+            format!("no parameter named `{name}`; the parameters are {names}"),
+        )
+    };
 
     let stream = match &args.stream {
         Some(name) => {
             if find(name).is_none() {
-                combine_err(
-                    &mut errors,
-                    syn::Error::new_spanned(
-                        name,
-                        format!("no parameter named `{name}`; the parameters are {names}"),
-                    ),
-                );
+                combine_err(&mut errors, missing(name));
             }
             Some(name.clone())
         }
@@ -187,13 +187,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         Some(name) => match find(name) {
             Some(ty) => mesh_size(ty),
             None => {
-                combine_err(
-                    &mut errors,
-                    syn::Error::new_spanned(
-                        name,
-                        format!("no parameter named `{name}`; the parameters are {names}"),
-                    ),
-                );
+                combine_err(&mut errors, missing(name));
                 None
             }
         },
@@ -204,16 +198,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
     let mut conversions = Vec::new();
     for spec in &args.params {
         let Some(ty) = find(&spec.name) else {
-            combine_err(
-                &mut errors,
-                syn::Error::new_spanned(
-                    &spec.name,
-                    format!(
-                        "no parameter named `{}`; the parameters are {names}",
-                        spec.name
-                    ),
-                ),
-            );
+            combine_err(&mut errors, missing(&spec.name));
             continue;
         };
         let Some((_, by_ref, _)) = type_name(ty).filter(|(n, _, _)| n == "ShardedArray") else {
@@ -255,13 +240,7 @@ pub fn expand(args: FnArgs, mut func: ItemFn) -> TokenStream {
         Some((tokens, counts)) => {
             for name in [tokens, counts] {
                 if find(name).is_none() {
-                    combine_err(
-                        &mut errors,
-                        syn::Error::new_spanned(
-                            name,
-                            format!("no parameter named `{name}`; the parameters are {names}"),
-                        ),
-                    );
+                    combine_err(&mut errors, missing(name));
                 }
             }
             let Some(mesh) = &args.mesh else {

@@ -4,6 +4,7 @@
 //! The tests in `tests/` start real ranks with
 //! [`safemlx_dist::launch::Ranks`]; the functions here are what each rank runs.
 
+pub mod dense;
 pub mod typed;
 
 use safemlx::{Array, Device, DeviceType, Dtype, Stream};

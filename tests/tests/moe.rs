@@ -3,11 +3,12 @@
 //! (every token to one expert, so some ranks receive nothing), top-1 and
 //! top-2, uneven token counts per rank, at 1, 2 and 4 ranks.
 
-use safemlx::{Array, Stream};
+use safemlx::Array;
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::ExpertParallelMoe;
 use safemlx_dist::{Group, Ragged, ShardedArray};
 use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::typed::Rng;
 
 const E: usize = 4;
@@ -19,14 +20,6 @@ fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
         .into_iter()
         .map(|v| v as f32 * scale)
         .collect()
-}
-
-fn host(a: &Array, s: &Stream) -> Vec<f32> {
-    a.contiguous(false, s)
-        .and_then(|a| a.into_evaluated())
-        .unwrap()
-        .try_to_vec::<f32>()
-        .unwrap()
 }
 
 /// The dense MoE of one token, on the host.
@@ -105,12 +98,7 @@ fn check(group: &Group, k: usize, skewed: bool) {
         .chunks(D)
         .flat_map(|tok| dense_token(tok, &router, &w1, &w2, k))
         .collect();
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    let err = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
-        / scale;
+    let err = max_relative_error(&got, &want);
     assert!(err <= 1e-4, "k {k}, skewed {skewed}: relative error {err}");
     assert_eq!(
         out.sent.iter().sum::<usize>(),

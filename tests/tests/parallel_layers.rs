@@ -7,35 +7,11 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{Group, ShardedArray};
 use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::typed::Rng;
 
-fn random(rng: &mut Rng, shape: &[i32]) -> Array {
-    let len = shape.iter().product::<i32>() as usize;
-    let values: Vec<f32> = rng
-        .values(len)
-        .into_iter()
-        .map(|v| v as f32 * 0.05)
-        .collect();
-    Array::from_slice(&values, shape)
-}
-
-fn host(a: &Array, s: &Stream) -> Vec<f32> {
-    a.contiguous(false, s)
-        .and_then(|a| a.into_evaluated())
-        .expect("evaluates")
-        .try_to_vec::<f32>()
-        .expect("float32")
-}
-
 fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
-    let (got, want) = (host(got, s), host(want, s));
-    assert_eq!(got.len(), want.len(), "{what}: sizes");
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    let err = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
-        / scale;
+    let err = max_relative_error(&host(got, s), &host(want, s));
     assert!(err <= 1e-4, "{what}: relative error {err}");
 }
 
@@ -88,15 +64,15 @@ fn check(group: &Group) {
     let mut rng = Rng::new(17);
     // Tokens divisible by n for the scattered outputs; hidden by n for the shards.
     let (t, d, h) = (2 * n, 6, 4 * n);
-    let x = random(&mut rng, &[t, d]);
+    let x = safemlx_dist_tests::dense::random(&mut rng, &[t, d], 0.05);
     let xr = ShardedArray::replicated(x.clone(), group);
 
     // Column then row parallel linear, biases added once.
     let (w1, b1, w2, b2) = (
-        random(&mut rng, &[d, h]),
-        random(&mut rng, &[h]),
-        random(&mut rng, &[h, d]),
-        random(&mut rng, &[d]),
+        safemlx_dist_tests::dense::random(&mut rng, &[d, h], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[h], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[h, d], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[d], 0.05),
     );
     let dense = x.matmul(&w1, &s).unwrap().add(&b1, &s).unwrap();
     let dense = dense.matmul(&w2, &s).unwrap().add(&b2, &s).unwrap();
@@ -119,9 +95,9 @@ fn check(group: &Group) {
 
     // SwiGLU MLP, both forwards.
     let (gate, up, down) = (
-        random(&mut rng, &[d, h]),
-        random(&mut rng, &[d, h]),
-        random(&mut rng, &[h, d]),
+        safemlx_dist_tests::dense::random(&mut rng, &[d, h], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[d, h], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[h, d], 0.05),
     );
     let a = silu(&x.matmul(&gate, &s).unwrap(), &s);
     let dense = a
@@ -135,9 +111,9 @@ fn check(group: &Group) {
     let heads = 2 * n;
     let dm = 2 * heads;
     let (xa, qkv, out) = (
-        random(&mut rng, &[5, dm]),
-        random(&mut rng, &[dm, 3 * dm]),
-        random(&mut rng, &[dm, dm]),
+        safemlx_dist_tests::dense::random(&mut rng, &[5, dm], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[dm, 3 * dm], 0.05),
+        safemlx_dist_tests::dense::random(&mut rng, &[dm, dm], 0.05),
     );
     let dense_attn = dense_attention(&xa, &qkv, &out, heads, &s);
     let attention =

@@ -7,6 +7,7 @@ use safemlx::{Array, Stream};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::{sharded, Group, Replicated, Sharded, ShardedArray};
 use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::typed::Rng;
 
 /// A tensor-parallel MLP: column-parallel up projection, row-parallel down.
@@ -75,42 +76,15 @@ impl Projection {
     }
 }
 
-fn random(rng: &mut Rng, shape: &[i32]) -> Array {
-    let len = shape.iter().product::<i32>() as usize;
-    let values: Vec<f32> = rng
-        .values(len)
-        .into_iter()
-        .map(|v| v as f32 * 0.1)
-        .collect();
-    Array::from_slice(&values, shape)
-}
-
-fn host(a: &Array, s: &Stream) -> Vec<f32> {
-    a.contiguous(false, s)
-        .and_then(|a| a.into_evaluated())
-        .expect("evaluates")
-        .try_to_vec::<f32>()
-        .expect("float32")
-}
-
-fn max_relative_error(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()))
-        / scale
-}
-
 fn check(group: &Group) {
     let s = cpu();
     let n = group.size() as i32;
     let mut rng = Rng::new(5);
     let (t, d, h) = (3, 8, 4 * n);
     let (x, up, down) = (
-        random(&mut rng, &[t, d]),
-        random(&mut rng, &[d, h]),
-        random(&mut rng, &[h, d]),
+        safemlx_dist_tests::dense::random(&mut rng, &[t, d], 0.1),
+        safemlx_dist_tests::dense::random(&mut rng, &[d, h], 0.1),
+        safemlx_dist_tests::dense::random(&mut rng, &[h, d], 0.1),
     );
 
     let mlp = Mlp::from_full(group, up.clone(), down.clone(), &s).expect("shard the MLP");
@@ -151,9 +125,12 @@ fn check(group: &Group) {
         "sum_scatter return"
     );
     // A wrong shape is caught before any collective, naming the parameter.
-    let wide = ShardedArray::replicated(random(&mut rng, &[t, d + 1]), group)
-        .shard::<0>(&s)
-        .unwrap();
+    let wide = ShardedArray::replicated(
+        safemlx_dist_tests::dense::random(&mut rng, &[t, d + 1], 0.1),
+        group,
+    )
+    .shard::<0>(&s)
+    .unwrap();
     let error = mlp.forward_macro(wide, &s).expect_err("wrong width");
     assert_eq!(
         error.to_string(),
@@ -169,7 +146,10 @@ fn check(group: &Group) {
 
     // Fused QKV: rank r holds [Q_r | K_r | V_r]; x @ local = those columns of x @ qkv.
     let width = 2 * n; // per segment
-    let (qkv, norm) = (random(&mut rng, &[d, 3 * width]), random(&mut rng, &[d]));
+    let (qkv, norm) = (
+        safemlx_dist_tests::dense::random(&mut rng, &[d, 3 * width], 0.1),
+        safemlx_dist_tests::dense::random(&mut rng, &[d], 0.1),
+    );
     let proj = Projection::from_full(group, qkv.clone(), norm.clone(), &s).expect("shard QKV");
     assert_eq!(proj.layout()[0].segments, 3);
     assert_eq!(proj.layout()[0].local_shape, [d, 6]);
