@@ -22,8 +22,16 @@ fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The dense MoE of one token, on the host.
-fn dense_token(x: &[f32], router: &[f32], w1: &[f32], w2: &[f32], k: usize) -> Vec<f32> {
+/// The dense MoE of one token; `keep(expert)` says whether the capacity
+/// limit lets this slot through (asked in slot order, like the layer).
+fn dense_token(
+    x: &[f32],
+    router: &[f32],
+    w1: &[f32],
+    w2: &[f32],
+    k: usize,
+    keep: &mut dyn FnMut(usize) -> bool,
+) -> Vec<f32> {
     let logits: Vec<f32> = (0..E)
         .map(|e| (0..D).map(|i| x[i] * router[i * E + e]).sum())
         .collect();
@@ -36,6 +44,9 @@ fn dense_token(x: &[f32], router: &[f32], w1: &[f32], w2: &[f32], k: usize) -> V
     let norm: f32 = order[..k].iter().map(|&e| p[e]).sum();
     let mut y = vec![0f32; D];
     for &e in &order[..k] {
+        if !keep(e) {
+            continue;
+        }
         let h: Vec<f32> = (0..H)
             .map(|j| {
                 let v: f32 = (0..D).map(|i| x[i] * w1[e * D * H + i * H + j]).sum();
@@ -50,15 +61,24 @@ fn dense_token(x: &[f32], router: &[f32], w1: &[f32], w2: &[f32], k: usize) -> V
     y
 }
 
-fn check(group: &Group, k: usize, skewed: bool) {
+fn check(group: &Group, k: usize, skewed: bool, capacity: Option<f32>) {
     let s = cpu();
     let (rank, n) = (group.rank(), group.size());
     let mut rng = Rng::new(41);
-    let mut router = values(&mut rng, D * E, 0.2);
+    // Continuous router weights: no two experts tie on a token, so the
+    // top-k choice cannot hang on a rounding difference.
+    let mut router: Vec<f32> = (0..D * E)
+        .map(|_| rng.range(0, 1_000_000) as f32 / 1_000_000.0 - 0.5)
+        .collect();
     if skewed {
-        // A huge weight towards the last expert: every token picks it first.
+        // A large weight towards the last expert: every token picks it first.
+        // The other experts get clearly different scores, so the second
+        // choice never hangs on a rounding difference.
         for i in 0..D {
-            router[i * E + E - 1] = 50.0;
+            for e in 0..E - 1 {
+                router[i * E + e] = 0.5 * e as f32;
+            }
+            router[i * E + E - 1] = 8.0;
         }
     }
     let (w1, w2) = (
@@ -86,6 +106,10 @@ fn check(group: &Group, k: usize, skewed: bool) {
         &s,
     )
     .expect("moe");
+    let moe = match capacity {
+        Some(f) => moe.with_capacity_factor(f),
+        None => moe,
+    };
     let x = ShardedArray::<Ragged>::from_local(
         Array::from_slice(mine, &[t as i32, D as i32]),
         group,
@@ -94,18 +118,38 @@ fn check(group: &Group, k: usize, skewed: bool) {
     .expect("tokens");
     let out = moe.forward(&x, &s).expect("forward");
     let got = host(out.tokens.local(), &s);
+    let cap = capacity.map(|f| (f * (t * k) as f32 / E as f32).ceil() as usize);
+    let mut used = [0usize; E];
+    let mut dropped = 0;
+    let mut keep = |e: usize| match cap {
+        Some(cap) if used[e] >= cap => {
+            dropped += 1;
+            false
+        }
+        _ => {
+            used[e] += 1;
+            true
+        }
+    };
     let want: Vec<f32> = mine
         .chunks(D)
-        .flat_map(|tok| dense_token(tok, &router, &w1, &w2, k))
+        .flat_map(|tok| dense_token(tok, &router, &w1, &w2, k, &mut keep))
         .collect();
+    assert_eq!(
+        out.dropped, dropped,
+        "dropped slots (k {k}, skewed {skewed})"
+    );
     let err = max_relative_error(&got, &want);
     assert!(err <= 1e-4, "k {k}, skewed {skewed}: relative error {err}");
     assert_eq!(
         out.sent.iter().sum::<usize>(),
-        t * k,
-        "every slot is sent (dropless)"
+        t * k - dropped,
+        "every kept slot is sent (all of them without a capacity)"
     );
-    if skewed && n > 1 {
+    if capacity.is_none() {
+        assert_eq!(dropped, 0, "dropless");
+    }
+    if skewed && n > 1 && capacity.is_none() {
         // All first choices go to the last expert, on the last rank.
         let first_rank_experts = E / n;
         if rank < n - 1 && k == 1 && first_rank_experts < E {
@@ -126,7 +170,9 @@ fn check(group: &Group, k: usize, skewed: bool) {
 fn all_cases(group: &Group) {
     for k in [1, 2] {
         for skewed in [false, true] {
-            check(group, k, skewed);
+            check(group, k, skewed, None);
+            // A tight capacity drops slots, most of all with skewed routing.
+            check(group, k, skewed, Some(0.5));
         }
     }
 }

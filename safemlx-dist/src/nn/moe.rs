@@ -36,6 +36,8 @@ pub struct MoeOutput {
     pub sent: Vec<usize>,
     /// Rows this rank's experts processed, from each rank.
     pub received: Vec<usize>,
+    /// This rank's slots dropped by the capacity limit (0 when dropless).
+    pub dropped: usize,
 }
 
 /// Experts sharded across ranks, top-k routing with softmax gates,
@@ -48,6 +50,7 @@ pub struct ExpertParallelMoe {
     weights: MoeWeights,
     experts: usize,
     top_k: usize,
+    capacity_factor: Option<f32>,
 }
 
 fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
@@ -94,7 +97,17 @@ impl ExpertParallelMoe {
             weights,
             experts,
             top_k,
+            capacity_factor: None,
         })
+    }
+
+    /// Limits how many routed slots each rank sends to each expert to
+    /// `ceil(factor * t * k / E)` for its `t` tokens; the slots over the
+    /// limit (in token order) are dropped: they contribute nothing and are
+    /// counted in [`MoeOutput::dropped`]. Without it the layer is dropless.
+    pub fn with_capacity_factor(mut self, factor: f32) -> Self {
+        self.capacity_factor = Some(factor);
+        self
     }
 
     /// Routes this rank's tokens `[t, D]` (any number per rank) through
@@ -124,7 +137,20 @@ impl ExpertParallelMoe {
         }
 
         // Dispatch order: by destination rank, then expert.
-        let mut order: Vec<usize> = (0..slots.len()).collect();
+        // Capacity: the first `cap` slots (in token order) per expert stay.
+        let mut kept = vec![true; slots.len()];
+        if let Some(factor) = self.capacity_factor {
+            let cap = (factor * (t * self.top_k) as f32 / e as f32)
+                .ceil()
+                .max(0.0) as usize;
+            let mut used = vec![0usize; e];
+            for (slot, &(_, expert, _)) in slots.iter().enumerate() {
+                kept[slot] = used[expert] < cap;
+                used[expert] += usize::from(kept[slot]);
+            }
+        }
+        let dropped = kept.iter().filter(|k| !**k).count();
+        let mut order: Vec<usize> = (0..slots.len()).filter(|&i| kept[i]).collect();
         order.sort_by_key(|&i| (slots[i].1 / per_rank, slots[i].1, i));
         let mut sent = vec![0usize; n];
         for &i in &order {
@@ -192,11 +218,15 @@ impl ExpertParallelMoe {
         back.local().evaluated()?;
 
         // Combine: undo the dispatch order, weight by the gates, sum the k slots.
-        let mut inverse = vec![0usize; order.len()];
+        // Dropped slots read an appended zero row.
+        let zero_row = order.len();
+        let mut inverse = vec![zero_row; slots.len()];
         for (position, &slot) in order.iter().enumerate() {
             inverse[slot] = position;
         }
-        let per_slot = back.local().take_axis(indices(&inverse), 0, s)?;
+        let zero = safemlx::ops::zeros_dtype(&[1, d], x.dtype(), s)?;
+        let with_zero = safemlx::ops::concatenate_axis(&[back.local(), &zero], 0, s)?;
+        let per_slot = with_zero.take_axis(indices(&inverse), 0, s)?;
         let gates: Vec<f32> = slots.iter().map(|s| s.2).collect();
         let gates = Array::from_slice(&gates, &[gates.len() as i32, 1]).as_dtype(x.dtype(), s)?;
         let combined = per_slot
@@ -231,6 +261,7 @@ impl ExpertParallelMoe {
             aux_loss,
             sent,
             received: plan.recv_counts().to_vec(),
+            dropped,
         })
     }
 }
