@@ -8,7 +8,7 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::ExpertParallelMoe;
 use safemlx_dist::{Group, Ragged, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error};
+use safemlx_dist_tests::dense::{host, max_relative_error, moe_token};
 use safemlx_dist_tests::typed::Rng;
 
 const E: usize = 4;
@@ -20,45 +20,6 @@ fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
         .into_iter()
         .map(|v| v as f32 * scale)
         .collect()
-}
-
-/// The dense MoE of one token; `keep(expert)` says whether the capacity
-/// limit lets this slot through (asked in slot order, like the layer).
-fn dense_token(
-    x: &[f32],
-    router: &[f32],
-    w1: &[f32],
-    w2: &[f32],
-    k: usize,
-    keep: &mut dyn FnMut(usize) -> bool,
-) -> Vec<f32> {
-    let logits: Vec<f32> = (0..E)
-        .map(|e| (0..D).map(|i| x[i] * router[i * E + e]).sum())
-        .collect();
-    let max = logits.iter().cloned().fold(f32::MIN, f32::max);
-    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-    let total: f32 = exp.iter().sum();
-    let p: Vec<f32> = exp.iter().map(|v| v / total).collect();
-    let mut order: Vec<usize> = (0..E).collect();
-    order.sort_by(|a, b| p[*b].total_cmp(&p[*a]).then(a.cmp(b)));
-    let norm: f32 = order[..k].iter().map(|&e| p[e]).sum();
-    let mut y = vec![0f32; D];
-    for &e in &order[..k] {
-        if !keep(e) {
-            continue;
-        }
-        let h: Vec<f32> = (0..H)
-            .map(|j| {
-                let v: f32 = (0..D).map(|i| x[i] * w1[e * D * H + i * H + j]).sum();
-                v / (1.0 + (-v).exp())
-            })
-            .collect();
-        for (o, out) in y.iter_mut().enumerate() {
-            let v: f32 = (0..H).map(|j| h[j] * w2[e * H * D + j * D + o]).sum();
-            *out += p[e] / norm * v;
-        }
-    }
-    y
 }
 
 fn check(group: &Group, k: usize, skewed: bool, capacity: Option<f32>) {
@@ -133,7 +94,7 @@ fn check(group: &Group, k: usize, skewed: bool, capacity: Option<f32>) {
     };
     let want: Vec<f32> = mine
         .chunks(D)
-        .flat_map(|tok| dense_token(tok, &router, &w1, &w2, k, &mut keep))
+        .flat_map(|tok| moe_token(tok, &router, &w1, &w2, (E, D, H), k, &mut keep))
         .collect();
     assert_eq!(
         out.dropped, dropped,

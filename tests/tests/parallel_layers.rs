@@ -164,3 +164,117 @@ fn parallel_layers_match_dense_at_1_to_4_ranks() {
             .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
     }
 }
+
+/// RMSNorm on the host, row by row.
+fn dense_rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    x.chunks(w.len())
+        .flat_map(|row| {
+            let mean = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+            let inv = 1.0 / (mean + eps).sqrt();
+            row.iter()
+                .zip(w)
+                .map(move |(v, g)| v * inv * g)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn check_block(group: &Group) {
+    use safemlx_dist::nn::{ExpertParallelMoe, FeedForward, TransformerBlock};
+    use safemlx_dist_tests::dense::{moe_token, random};
+    let s = cpu();
+    let n = group.size() as i32;
+    let mut rng = Rng::new(23);
+    let (t, heads, e, hidden) = (5, 2 * n, 4, 6);
+    let d = 2 * heads;
+    let x = random(&mut rng, &[t, d], 0.1);
+    let (qkv, out) = (
+        random(&mut rng, &[d, 3 * d], 0.1),
+        random(&mut rng, &[d, d], 0.1),
+    );
+    let (norm1, norm2) = (random(&mut rng, &[d], 0.1), random(&mut rng, &[d], 0.1));
+    let (gate, up, down) = (
+        random(&mut rng, &[d, 2 * d * n], 0.1),
+        random(&mut rng, &[d, 2 * d * n], 0.1),
+        random(&mut rng, &[2 * d * n, d], 0.1),
+    );
+    let (router, w1, w2) = (
+        random(&mut rng, &[d, e], 0.3),
+        random(&mut rng, &[e, d, hidden], 0.1),
+        random(&mut rng, &[e, hidden, d], 0.1),
+    );
+    let eps = 1e-5;
+    let add = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x + y).collect::<Vec<f32>>();
+
+    // Dense: attention half.
+    let hx = host(&x, &s);
+    let normed = dense_rms(&hx, &host(&norm1, &s), eps);
+    let normed_a = Array::from_slice(&normed, &[t, d]);
+    let h = add(
+        &hx,
+        &host(&dense_attention(&normed_a, &qkv, &out, heads, &s), &s),
+    );
+    let normed2 = dense_rms(&h, &host(&norm2, &s), eps);
+    let normed2_a = Array::from_slice(&normed2, &[t, d]);
+    // MLP half.
+    let a = silu(&normed2_a.matmul(&gate, &s).unwrap(), &s);
+    let mlp_out = a
+        .multiply(normed2_a.matmul(&up, &s).unwrap(), &s)
+        .unwrap()
+        .matmul(&down, &s)
+        .unwrap();
+    let dense_mlp_block = add(&h, &host(&mlp_out, &s));
+    // MoE half (top-2, dropless).
+    let (hr, hw1, hw2) = (host(&router, &s), host(&w1, &s), host(&w2, &s));
+    let moe_out: Vec<f32> = normed2
+        .chunks(d as usize)
+        .flat_map(|tok| {
+            moe_token(
+                tok,
+                &hr,
+                &hw1,
+                &hw2,
+                (e as usize, d as usize, hidden as usize),
+                2,
+                &mut |_| true,
+            )
+        })
+        .collect();
+    let dense_moe_block = add(&h, &moe_out);
+
+    let attention = || {
+        ShardedAttention::from_full(group, heads as usize, qkv.clone(), out.clone(), &s).unwrap()
+    };
+    let block = |feed_forward| TransformerBlock {
+        attention: attention(),
+        feed_forward,
+        attention_norm: norm1.clone(),
+        feed_forward_norm: norm2.clone(),
+        eps,
+    };
+    let xr = ShardedArray::replicated(x.clone(), group);
+    let mlp = SwiGluMlp::from_full(group, gate.clone(), up.clone(), down.clone(), &s).unwrap();
+    let (y, aux) = block(FeedForward::Mlp(mlp))
+        .forward(&xr, &s)
+        .expect("MLP block");
+    assert_eq!(aux, 0.0);
+    let err = max_relative_error(&host(y.local(), &s), &dense_mlp_block);
+    assert!(err <= 1e-4, "MLP block: relative error {err}");
+    let moe =
+        ExpertParallelMoe::from_full(group, 2, router.clone(), w1.clone(), w2.clone(), &s).unwrap();
+    let (y, aux) = block(FeedForward::Moe(moe))
+        .forward(&xr, &s)
+        .expect("MoE block");
+    assert!(aux > 0.0);
+    let err = max_relative_error(&host(y.local(), &s), &dense_moe_block);
+    assert!(err <= 1e-4, "MoE block: relative error {err}");
+}
+
+#[test]
+fn transformer_blocks_match_dense_at_1_2_and_4_ranks() {
+    for ranks in [1, 2, 4] {
+        Ranks::new(ranks)
+            .run_test(check_block)
+            .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
+    }
+}

@@ -5,11 +5,13 @@
 //! numbers as the dense single-process layer (tested at 1, 2 and 4 ranks).
 
 mod attention;
+mod block;
 mod linear;
 mod mlp;
 mod moe;
 
 pub use attention::{AttentionWeights, ShardedAttention};
+pub use block::{rms_norm, FeedForward, TransformerBlock};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};
