@@ -271,11 +271,21 @@ impl Launch {
         // mpirun's own (untagged) lines are kept to find the failed rank.
         let report = Arc::new(Mutex::new(Vec::<String>::new()));
         let seen = Arc::clone(&report);
+        // The first rank that reported its own failure (see `mpi::command`).
+        let first_exit = Arc::new(Mutex::new(None::<(usize, String)>));
+        let exits = Arc::clone(&first_exit);
         let relabel: Relabel = Arc::new(move |_, line| {
             let pieces: Vec<String> = mpi::untag_all(line)
                 .into_iter()
                 .map(|(rank, text)| match rank {
-                    Some(rank) => format!("[rank {rank}] {text}"),
+                    Some(rank) => {
+                        if let Some(exit) = mpi::reported_exit(text) {
+                            if let Ok(mut first) = exits.lock() {
+                                first.get_or_insert(exit);
+                            }
+                        }
+                        format!("[rank {rank}] {text}")
+                    }
                     None => {
                         if let Ok(mut lines) = seen.lock() {
                             lines.push(text.to_owned());
@@ -301,7 +311,8 @@ impl Launch {
             }),
             Outcome::Failed { status, .. } => {
                 let lines = report.lock().map(|l| l.clone()).unwrap_or_default();
-                Err(match mpi::failed_rank(&lines) {
+                let reported = first_exit.lock().ok().and_then(|first| first.clone());
+                Err(match mpi::failed_rank(&lines).or(reported) {
                     Some((rank, how)) => LaunchError::RankFailed { rank, status: how },
                     None => LaunchError::MpirunFailed {
                         status: status.to_string(),

@@ -25,7 +25,12 @@ pub(crate) fn command(
     for (key, value) in env {
         mpirun.env(key, value).arg("-x").arg(key);
     }
-    mpirun.arg(program).args(args);
+    // Each rank runs under a small shell wrapper that reports its own exit
+    // status: mpirun's report of the failed rank is not always printed.
+    mpirun
+        .args(["sh", "-c", EXIT_REPORTER, "sh"])
+        .arg(program)
+        .args(args);
     mpirun
 }
 
@@ -57,6 +62,27 @@ fn tagged_pieces<'a>(line: &'a str, starts: &[usize]) -> Vec<(Option<usize>, &'a
             untag(&line[start..end]).map(|(rank, text)| (Some(rank), text))
         })
         .collect()
+}
+
+/// Runs `"$@"` and, when it fails, prints [`EXIT_MARKER`] with the rank and
+/// the status on stderr before exiting with that status.
+const EXIT_REPORTER: &str = r#""$@"; rc=$?; if [ "$rc" -ne 0 ]; then echo "safemlx-launch-exit $OMPI_COMM_WORLD_RANK $rc" >&2; fi; exit "$rc""#;
+
+/// The start of the wrapper's line.
+pub(crate) const EXIT_MARKER: &str = "safemlx-launch-exit ";
+
+/// `safemlx-launch-exit 1 3` -> `(1, "exit code: 3")` (a status above 128
+/// is a signal, as the shell reports it).
+pub(crate) fn reported_exit(text: &str) -> Option<(usize, String)> {
+    let rest = text.trim().strip_prefix(EXIT_MARKER)?;
+    let (rank, status) = rest.split_once(' ')?;
+    let status: i32 = status.trim().parse().ok()?;
+    let how = if status > 128 {
+        format!("signal: {}", status - 128)
+    } else {
+        format!("exit code: {status}")
+    };
+    Some((rank.parse().ok()?, how))
 }
 
 /// `[1,3]<stdout>:text` -> `(3, "text")`, for any stream tag.
@@ -114,5 +140,14 @@ mod tests {
         .map(String::from)
         .to_vec();
         assert_eq!(failed_rank(&report), Some((1, "exit code: 3".into())));
+        assert_eq!(
+            reported_exit("safemlx-launch-exit 2 3"),
+            Some((2, "exit code: 3".into()))
+        );
+        assert_eq!(
+            reported_exit("safemlx-launch-exit 0 137"),
+            Some((0, "signal: 9".into()))
+        );
+        assert_eq!(reported_exit("other text"), None);
     }
 }
