@@ -15,42 +15,36 @@ pub struct ShardField {
     pub comm_ty: Option<Type>,
 }
 
-/// `N` of a `Mesh<N>` written with a literal.
-pub fn mesh_size(ty: &Type) -> Option<usize> {
+/// The last path segment of `ty` and its first generic argument when that
+/// is an integer literal: `Mesh<4>` -> `("Mesh", Some(4))`.
+fn name_and_literal(ty: &Type) -> Option<(String, Option<usize>)> {
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
-    if last.ident != "Mesh" {
-        return None;
-    }
-    let PathArguments::AngleBracketed(args) = &last.arguments else {
-        return None;
+    let literal = match &last.arguments {
+        PathArguments::AngleBracketed(args) => match args.args.first() {
+            Some(GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(i),
+                ..
+            }))) => i.base10_parse().ok(),
+            _ => None,
+        },
+        _ => None,
     };
-    match args.args.first()? {
-        GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Int(i),
-            ..
-        })) => i.base10_parse().ok(),
+    Some((last.ident.to_string(), literal))
+}
+
+/// `N` of a `Mesh<N>` written with a literal.
+pub fn mesh_size(ty: &Type) -> Option<usize> {
+    match name_and_literal(ty)? {
+        (name, size) if name == "Mesh" => size,
         _ => None,
     }
 }
 
 fn placement_of(ty: &Type) -> Option<Placement> {
-    let Type::Path(path) = ty else { return None };
-    let last = path.path.segments.last()?;
-    match last.ident.to_string().as_str() {
-        "Replicated" => Some(Placement::Replicated),
-        "Sharded" => {
-            let PathArguments::AngleBracketed(args) = &last.arguments else {
-                return None;
-            };
-            match args.args.first()? {
-                GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Int(i),
-                    ..
-                })) => i.base10_parse().ok().map(Placement::Sharded),
-                _ => None,
-            }
-        }
+    match name_and_literal(ty)? {
+        (name, _) if name == "Replicated" => Some(Placement::Replicated),
+        (name, axis) if name == "Sharded" => axis.map(Placement::Sharded),
         _ => None,
     }
 }
