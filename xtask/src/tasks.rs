@@ -57,14 +57,22 @@ pub fn build_examples_and_launcher() -> Result<std::path::PathBuf, String> {
 }
 
 /// Builds the examples and `safemlx-launch` in release, then runs the
-/// collectives example as 4 ring ranks on loopback.
+/// collectives example and the transformer block (with `--check` against
+/// the dense block) as 4 ring ranks on loopback.
 pub fn demo() -> Result<(), String> {
     setup::run()?;
     let release = build_examples_and_launcher()?;
-    let mut launch = Command::new(release.join("safemlx-launch"));
-    launch
-        .args(["-n", "4", "--backend", "ring", "--timeout", "120", "--"])
-        .arg(release.join("examples").join("collectives"))
-        .current_dir(cmd::root());
-    cmd::run(launch)
+    for (example, args) in [
+        ("collectives", &[][..]),
+        ("transformer_block", &["--check"][..]),
+    ] {
+        let mut launch = Command::new(release.join("safemlx-launch"));
+        launch
+            .args(["-n", "4", "--backend", "ring", "--timeout", "120", "--"])
+            .arg(release.join("examples").join(example))
+            .args(args)
+            .current_dir(cmd::root());
+        cmd::run(launch)?;
+    }
+    Ok(())
 }
