@@ -44,3 +44,53 @@ pub fn show(array: &Array, stream: &Stream) -> String {
         Err(e) => format!("<error: {e}>"),
     }
 }
+
+/// Deterministic weights, identical on every rank: `sin` of the index,
+/// times `scale`.
+pub fn weights(shape: &[i32], seed: f32, scale: f32) -> Array {
+    let len = shape.iter().product::<i32>() as usize;
+    let values: Vec<f32> = (0..len)
+        .map(|i| ((i as f32 + seed) * 0.7311).sin() * scale)
+        .collect();
+    Array::from_slice(&values, shape)
+}
+
+/// Whether `--check` was given.
+pub fn check_requested() -> bool {
+    std::env::args().any(|a| a == "--check")
+}
+
+/// Prints the `--check` line and fails above a relative error of 1e-4.
+pub fn report_check(label: &str, got: &Array, want: &Array) -> Result<(), String> {
+    let read = |a: &Array| {
+        a.evaluated()
+            .map_err(|e| e.what().to_owned())?
+            .try_to_vec::<f32>()
+            .map_err(|e| e.to_string())
+    };
+    let (got, want) = (read(got)?, read(want)?);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_abs = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    let rel = max_abs / scale.max(1e-12);
+    println!("{label}: --check against the dense computation: max abs error {max_abs:.3e}, max relative error {rel:.3e}");
+    if rel > 1e-4 {
+        return Err(format!("relative error {rel:.3e} is above 1e-4"));
+    }
+    Ok(())
+}
+
+/// Runs `step` once to warm up, then `iters` times; the mean seconds.
+pub fn time_steps(
+    iters: usize,
+    mut step: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    step()?;
+    let started = std::time::Instant::now();
+    for _ in 0..iters {
+        step()?;
+    }
+    Ok(started.elapsed().as_secs_f64() / iters as f64)
+}

@@ -7,12 +7,13 @@
 //! ```
 
 use std::process::ExitCode;
-use std::time::Instant;
 
 use safemlx::{Array, Stream};
 use safemlx_dist::nn::{rms_norm, FeedForward, ShardedAttention, SwiGluMlp, TransformerBlock};
 use safemlx_dist::{init, ShardedArray};
-use safemlx_dist_examples::{backend_from_args, cpu_stream};
+use safemlx_dist_examples::{
+    backend_from_args, check_requested, cpu_stream, report_check, time_steps, weights,
+};
 
 const TOKENS: i32 = 64;
 const DIM: i32 = 64;
@@ -28,15 +29,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Deterministic weights, identical on every rank: `sin` of the index.
-fn weights(shape: &[i32], seed: f32, scale: f32) -> Array {
-    let len = shape.iter().product::<i32>() as usize;
-    let values: Vec<f32> = (0..len)
-        .map(|i| ((i as f32 + seed) * 0.7311).sin() * scale)
-        .collect();
-    Array::from_slice(&values, shape)
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -86,7 +78,7 @@ fn dense(x: &Array, w: &[Array; 7], s: &Stream) -> Result<Array, String> {
 }
 
 fn run() -> Result<(), String> {
-    let check = std::env::args().any(|a| a == "--check");
+    let check = check_requested();
     let backend = backend_from_args()?;
     let s = cpu_stream();
     let group = init(false, backend).map_err(err)?;
@@ -119,16 +111,13 @@ fn run() -> Result<(), String> {
         eps: EPS,
     };
     let xr = ShardedArray::replicated(x.clone(), &group);
-    let (warm, _) = block.forward(&xr, &s).map_err(err)?;
-    warm.local().evaluated().map_err(err)?;
-    let iters = 10;
-    let started = Instant::now();
-    let mut y = warm;
-    for _ in 0..iters {
-        y = block.forward(&xr, &s).map_err(err)?.0;
-        y.local().evaluated().map_err(err)?;
-    }
-    let seconds = started.elapsed().as_secs_f64() / iters as f64;
+    let mut y = None;
+    let seconds = time_steps(10, || {
+        let (out, _) = block.forward(&xr, &s).map_err(err)?;
+        out.local().evaluated().map_err(err)?;
+        y = Some(out);
+        Ok(())
+    })?;
     println!(
         "rank {rank}/{n}: block [{TOKENS}, {DIM}], {HEADS} heads ({} here), hidden {HIDDEN} ({} here): {:.2} ms, {:.0} tokens/s",
         HEADS as usize / n,
@@ -137,28 +126,8 @@ fn run() -> Result<(), String> {
         TOKENS as f64 / seconds
     );
     if check {
-        let want = dense(&x, &w, &s)?;
-        let got = y
-            .local()
-            .evaluated()
-            .map_err(err)?
-            .try_to_vec::<f32>()
-            .map_err(err)?;
-        let want = want
-            .evaluated()
-            .map_err(err)?
-            .try_to_vec::<f32>()
-            .map_err(err)?;
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let max_abs = got
-            .iter()
-            .zip(&want)
-            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-        let rel = max_abs / scale.max(1e-12);
-        println!("rank {rank}/{n}: --check against the dense block: max abs error {max_abs:.3e}, max relative error {rel:.3e}");
-        if rel > 1e-4 {
-            return Err(format!("relative error {rel:.3e} is above 1e-4"));
-        }
+        let y = y.ok_or("no forward ran")?;
+        report_check(&format!("rank {rank}/{n}"), y.local(), &dense(&x, &w, &s)?)?;
     }
     Ok(())
 }
