@@ -33,13 +33,7 @@ const SIZES: [usize; 8] = [
 ];
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("bench: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    safemlx_dist_examples::exit("bench", run())
 }
 
 fn flag(name: &str) -> Option<String> {

@@ -18,13 +18,7 @@ use safemlx_dist::{
 use safemlx_dist_examples::{backend_from_args, cpu_stream, show};
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("collectives: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    safemlx_dist_examples::exit("collectives", run())
 }
 
 fn run() -> Result<(), String> {

@@ -4,6 +4,18 @@
 use safemlx::{Array, Device, DeviceType, Stream};
 use safemlx_dist::Backend;
 
+/// The exit status of an example: success, or its error on stderr
+/// prefixed with the example's `name`.
+pub fn exit(name: &str, result: Result<(), String>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{name}: {message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// A stream on the CPU device.
 pub fn cpu_stream() -> Stream {
     Stream::new_with_device(&Device::new(DeviceType::Cpu, 0))

@@ -23,13 +23,7 @@ const EXPERTS: i32 = 8;
 const TOP_K: usize = 2;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("moe: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    safemlx_dist_examples::exit("moe", run())
 }
 
 /// The dense MoE of `x` on one process: every token through its top-2

@@ -19,13 +19,7 @@ const DIM: i32 = 256;
 const HIDDEN: i32 = 1024;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("tp_mlp: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    safemlx_dist_examples::exit("tp_mlp", run())
 }
 
 fn run() -> Result<(), String> {

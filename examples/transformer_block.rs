@@ -22,13 +22,7 @@ const HIDDEN: i32 = 256;
 const EPS: f32 = 1e-5;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("transformer_block: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    safemlx_dist_examples::exit("transformer_block", run())
 }
 
 fn err(e: impl std::fmt::Display) -> String {
