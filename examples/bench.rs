@@ -110,8 +110,8 @@ fn ops() -> Vec<(&'static str, Op, Traffic)> {
                 } else {
                     (got, sent)
                 };
-                first.evaluated()?;
-                second.evaluated()?;
+                safemlx_dist::eval(&[&first])?;
+                safemlx_dist::eval(&[&second])?;
                 Ok(vec![first, second])
             },
             Traffic::PeerToPeer,
@@ -152,7 +152,7 @@ fn run() -> Result<(), String> {
             let rows = (bytes / 1024).max(n).next_multiple_of(n);
             let data: Vec<f32> = (0..rows * 256).map(|i| (i % 1000) as f32).collect();
             let x = Array::from_slice(&data, &[rows as i32, 256]);
-            x.evaluated().map_err(|e| e.to_string())?;
+            safemlx_dist::eval(&[&x]).map_err(|e| e.to_string())?;
             let iters = ((256usize << 20) / bytes).clamp(5, 40);
             for (strategy, lowering) in strategies
                 .iter()
@@ -163,7 +163,8 @@ fn run() -> Result<(), String> {
                 for i in 0..=iters {
                     let started = Instant::now();
                     let outputs = op(&group, &x, &s).map_err(|e| e.to_string())?;
-                    safemlx::transforms::eval(&outputs).map_err(|e| e.what().to_owned())?;
+                    let outputs: Vec<&Array> = outputs.iter().collect();
+                    safemlx_dist::eval(&outputs).map_err(|e| e.to_string())?;
                     if i > 0 {
                         times.push(started.elapsed().as_secs_f64());
                     }
@@ -280,7 +281,7 @@ fn typed_overhead(
             let mut full = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let started = Instant::now();
-                build()?.evaluated().map_err(|e| e.to_string())?;
+                safemlx_dist::eval(&[&build()?]).map_err(|e| e.to_string())?;
                 full.push(started.elapsed().as_secs_f64());
             }
             // Building alone: many lazy graphs, none evaluated.

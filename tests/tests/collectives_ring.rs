@@ -40,3 +40,31 @@ fn ring_split_is_a_clear_error() {
         })
         .unwrap();
 }
+
+#[test]
+fn the_collective_profile_times_each_collective_and_its_wait() {
+    Ranks::new(2)
+        .run_test(|group| {
+            use safemlx::Array;
+            use safemlx_dist::{all_gather, all_sum, CollectiveProfile};
+            let s = safemlx_dist_tests::cpu();
+            let x = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+            if group.rank() == 1 {
+                // Rank 0 waits for this rank inside its first collective.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            let profile = CollectiveProfile::start();
+            let sum = all_sum(&x, group, &s).unwrap();
+            let gathered = all_gather(&sum, group, &s).unwrap();
+            let spent = profile.stop();
+            assert_eq!(spent.calls, 2);
+            if group.rank() == 0 {
+                assert!(spent.seconds >= 0.2, "the wait is counted: {spent:?}");
+            }
+            assert_eq!(gathered.shape(), [4, 2]);
+            // Stopped: later collectives are not counted (nor evaluated here).
+            let again = CollectiveProfile::start().stop();
+            assert_eq!(again.calls, 0);
+        })
+        .unwrap();
+}

@@ -10,10 +10,15 @@ use super::composed::{self, Combine};
 use super::group::Group;
 use super::lowering::{self, AllReducePlan, SumScatterPlan};
 use super::native::{self, Unary};
+use super::profile;
 use super::validate;
 use crate::error::{PeerRole, Result};
 
 fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
+    profile::timed(input, || reduce_untimed(op, input, group, stream))
+}
+
+fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
     if group.is_singleton() {
         return Ok(input.clone());
     }
@@ -65,7 +70,9 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
         return Ok(input.clone());
     }
     validate::all_gather(input.shape(), group.size())?;
-    native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+    profile::timed(input, || {
+        native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+    })
 }
 
 /// Sum across the group, then rank `r` keeps the `r`-th of `size` equal
@@ -86,11 +93,15 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     }
     validate::sum_scatter(input.shape(), group.size())?;
     let stream = stream.as_ref();
-    match lowering::sum_scatter(group.lowering(), group.backend()) {
-        SumScatterPlan::Native => native::unary(Unary::SumScatter, input, group.native(), stream),
-        SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
-        SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
-    }
+    profile::timed(input, || {
+        match lowering::sum_scatter(group.lowering(), group.backend()) {
+            SumScatterPlan::Native => {
+                native::unary(Unary::SumScatter, input, group.native(), stream)
+            }
+            SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
+            SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
+        }
+    })
 }
 
 /// Variable-row exchange: `send_counts[d]` leading rows of `input` go to rank
@@ -122,13 +133,15 @@ pub fn all_to_all_v(
     if group.is_singleton() {
         return Ok(input.clone());
     }
-    native::all_to_all_v(
-        input,
-        &counts.send,
-        &counts.recv,
-        group.native(),
-        stream.as_ref(),
-    )
+    profile::timed(input, || {
+        native::all_to_all_v(
+            input,
+            &counts.send,
+            &counts.recv,
+            group.native(),
+            stream.as_ref(),
+        )
+    })
 }
 
 /// Lazily sends `input` to rank `destination`; evaluate the returned array

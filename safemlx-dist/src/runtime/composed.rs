@@ -16,8 +16,6 @@
 //! there (the input shapes of these collectives agree across ranks), so each
 //! receive knows its shape without any extra message.
 
-use std::time::Duration;
-
 use safemlx::{Array, Device, DeviceType, Stream};
 
 use super::group::Group;
@@ -95,7 +93,7 @@ impl<'g> Ring<'g> {
         let native = self.group.native();
         let sent = native::send(outgoing, self.next, native, &self.streams.send)?;
         let received = native::recv_like(like, self.prev, native, &self.streams.recv)?;
-        wait_without_spinning(&[&sent, &received])?;
+        super::eval(&[&sent, &received])?;
         Ok(received)
     }
 
@@ -131,25 +129,6 @@ impl<'g> Ring<'g> {
     }
 }
 
-/// Evaluates `arrays`, sleeping (not spinning) while the streams work.
-///
-/// MLX's own host wait spins with `yield`. With every rank of a group on a
-/// few cores, the spinning threads take the cores that the stream threads
-/// need to move the bytes, and each step costs a scheduler time slice
-/// (about 4 ms measured with 2 ranks on 2 cores). Polling completion with
-/// short sleeps leaves the cores to the work.
-fn wait_without_spinning(arrays: &[&Array]) -> Result<()> {
-    let event = safemlx::transforms::async_eval_with_event(arrays.iter().copied())?;
-    let mut pause = Duration::from_micros(5);
-    while !event.is_complete()? {
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_micros(50));
-    }
-    // Surfaces an error the streams recorded, if any.
-    event.synchronize()?;
-    Ok(())
-}
-
 /// `n` chunks of the flattened input, sizes differing by at most one element.
 fn flat_chunks(input: &Array, n: usize, s: &Stream) -> Result<Vec<Array>> {
     let len = input.size();
@@ -169,6 +148,10 @@ pub(crate) fn all_reduce(
     group: &Group,
     s: &Stream,
 ) -> Result<Array> {
+    // The input first: MLX's ring polls its sockets while a receive is
+    // posted, so posting one before this rank's compute is done would take
+    // a core from that compute.
+    super::eval(&[input])?;
     let chunks = flat_chunks(input, group.size(), s)?;
     let ring = Ring::new(group);
     let own = ring.reduce_scatter(&chunks, combine, s)?;
@@ -180,6 +163,7 @@ pub(crate) fn all_reduce(
 /// Sum-scatter along axis 0 as a ring reduce-scatter; about `(n-1)/n` of the
 /// input's bytes sent and received per rank.
 pub(crate) fn sum_scatter(input: &Array, group: &Group, s: &Stream) -> Result<Array> {
+    super::eval(&[input])?;
     let n = i32::try_from(group.size()).unwrap_or(i32::MAX);
     let chunks = input.split(n, 0, s)?;
     Ring::new(group).reduce_scatter(&chunks, Combine::Sum, s)

@@ -4,14 +4,18 @@
 mod backend;
 mod collectives;
 mod composed;
+mod eval;
 mod group;
 mod lowering;
 mod native;
+mod profile;
 mod validate;
 
 pub use backend::{is_available, Backend};
 pub use collectives::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
 };
+pub use eval::eval;
 pub use group::{init, Group};
 pub use lowering::{Lowering, LOWERING_ENV};
+pub use profile::{CollectiveProfile, CollectiveTime};

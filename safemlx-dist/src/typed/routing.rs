@@ -39,7 +39,9 @@ impl RoutingPlan {
             .collect::<Result<Vec<_>>>()?;
         let mine = Array::from_slice(&as_i32, &[n as i32]);
         let all = crate::all_gather(&mine, comm.group(), s)?;
-        let all = all.as_dtype(Dtype::Int32, s)?.into_evaluated()?;
+        let all = all.as_dtype(Dtype::Int32, s)?;
+        crate::eval(&[&all])?;
+        let all = all.into_evaluated()?;
         let matrix = all.try_to_vec::<i32>().map_err(|e| Error::Native {
             operation: "routing plan exchange",
             message: e.to_string(),
@@ -128,7 +130,9 @@ impl<C: Collective> ShardedArray<Ragged, C> {
         let rows = usize::try_from(self.local().shape().first().copied().unwrap_or(0)).unwrap_or(0);
         let n = comm.size();
         let counts = Array::from_slice(&[rows as i32], &[1]);
-        let all = crate::all_gather(&counts, comm.group(), s)?.into_evaluated()?;
+        let all = crate::all_gather(&counts, comm.group(), s)?;
+        crate::eval(&[&all])?;
+        let all = all.into_evaluated()?;
         let lengths: Vec<usize> = all
             .try_to_vec::<i32>()
             .map_err(|e| Error::Native {
