@@ -164,3 +164,61 @@ fn mpi_ranks_are_prefixed_and_a_failure_is_named() {
     );
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
+
+/// Whether process `pid` is gone (exited, or a zombie nobody reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+#[test]
+fn ranks_exit_when_their_launcher_is_killed() {
+    const RANK: &str = "LAUNCH_CLI_WATCHDOG_RANK";
+    if std::env::var(RANK).is_ok() {
+        // A rank: join the group, say who we are, then wait "forever".
+        let group = safemlx_dist::init(true, safemlx_dist::Backend::Ring).expect("joins");
+        println!("pid {} rank {}", std::process::id(), group.rank());
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    use std::io::BufRead;
+    let exe = std::env::current_exe().expect("test binary");
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+        .args(["-n", "2", "--"])
+        .arg(exe)
+        .args([
+            "ranks_exit_when_their_launcher_is_killed",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(RANK, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("safemlx-launch runs");
+    let lines = std::io::BufReader::new(launcher.stdout.take().expect("stdout"));
+    let pids: Vec<u32> = lines
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| {
+            let rest = l.split("] pid ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .take(2)
+        .collect();
+    assert_eq!(pids.len(), 2, "both ranks reported");
+    launcher.kill().expect("SIGKILL the launcher");
+    launcher.wait().ok();
+    let started = Instant::now();
+    while !pids.iter().all(|&p| gone(p)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "ranks {pids:?} outlived their launcher"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

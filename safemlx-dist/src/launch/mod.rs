@@ -9,12 +9,15 @@
 //! Every rank also gets `SAFEMLX_DIST_BACKEND` naming the backend. Output
 //! lines are prefixed `[rank K] `; when a rank fails every other rank is
 //! stopped (SIGTERM, then SIGKILL 2 s later) and the error names it; a timeout
-//! stops all ranks and names those still running.
+//! stops all ranks and names those still running. A ring rank that joined a
+//! group exits by itself when its launcher is gone (killed), so no rank
+//! outlives the run.
 
 mod hostfile;
 mod mpi;
 mod ranks;
 mod supervise;
+mod watchdog;
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -24,6 +27,8 @@ use std::time::Duration;
 
 pub use hostfile::{RingHosts, TempHostfile};
 pub use ranks::{Ranks, RANK_OF_ENV};
+pub(crate) use watchdog::watch_launcher;
+pub use watchdog::LAUNCHER_ENV;
 
 use crate::Backend;
 use supervise::{supervise, Outcome, Relabel};
@@ -236,7 +241,8 @@ impl Launch {
                     .args(&self.args)
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .env("MLX_RANK", rank.to_string())
-                    .env("MLX_WORLD_SIZE", self.ranks.to_string());
+                    .env("MLX_WORLD_SIZE", self.ranks.to_string())
+                    .env(LAUNCHER_ENV, std::process::id().to_string());
                 // MLX's ring does not form a ring of one: a single rank gets
                 // no hostfile and runs as the singleton group.
                 if self.ranks > 1 {

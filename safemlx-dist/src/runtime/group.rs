@@ -57,6 +57,7 @@ impl Group {
     /// `all_max` that all ranks read the same value, since ranks that lower
     /// collectives differently would deadlock.
     pub fn init(strict: bool, backend: Backend) -> Result<Self> {
+        crate::launch::watch_launcher();
         let lowering = Lowering::from_env()?;
         let group = Self::from_native(
             native::init(strict, backend.native_name())?,
