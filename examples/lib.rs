@@ -1,8 +1,13 @@
 //! Helpers shared by the example programs: command-line options, a CPU
 //! stream, and printing arrays.
 
+pub mod dense;
+
+use std::path::PathBuf;
+
 use safemlx::{Array, Device, DeviceType, Stream};
-use safemlx_dist::Backend;
+use safemlx_dist::checkpoint::{save, Checkpoint};
+use safemlx_dist::{all_sum, Backend, Group};
 
 /// The exit status of an example: success, or its error on stderr
 /// prefixed with the example's `name`.
@@ -57,14 +62,78 @@ pub fn show(array: &Array, stream: &Stream) -> String {
     }
 }
 
-/// Deterministic weights, identical on every rank: `sin` of the index,
-/// times `scale`.
-pub fn weights(shape: &[i32], seed: f32, scale: f32) -> Array {
+/// Pseudo-random weights, uniform in `[-scale, scale)`, the same for the
+/// same `seed` on every rank and every run (splitmix64).
+pub fn weights(shape: &[i32], seed: u64, scale: f32) -> Array {
     let len = shape.iter().product::<i32>() as usize;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let values: Vec<f32> = (0..len)
-        .map(|i| ((i as f32 + seed) * 0.7311).sin() * scale)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
         .collect();
     Array::from_slice(&values, shape)
+}
+
+/// The value after `name` on the command line, if given.
+pub fn flag(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// The checkpoint named by `--checkpoint PATH`; without one, a small
+/// random checkpoint that rank 0 writes (`random()` gives its tensors) to
+/// the temporary directory as `NAME.safetensors`. Every rank waits until
+/// the file is complete, then opens it (reading only the header).
+pub fn checkpoint(
+    name: &str,
+    group: &Group,
+    random: impl FnOnce() -> Vec<(String, Array)>,
+    stream: &Stream,
+) -> Result<Checkpoint, String> {
+    let path = match flag("--checkpoint") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let path = std::env::temp_dir().join(format!("safemlx-dist-{name}.safetensors"));
+            if group.rank() == 0 {
+                save(&path, &random(), stream).map_err(|e| e.to_string())?;
+                println!(
+                    "rank 0: no --checkpoint given; wrote a random one to {}",
+                    path.display()
+                );
+            }
+            // A barrier: nobody opens the file before rank 0 has renamed it into place.
+            let done = all_sum(&Array::from_f32(1.0), group, stream).map_err(|e| e.to_string())?;
+            safemlx_dist::eval(&[&done]).map_err(|e| e.to_string())?;
+            path
+        }
+    };
+    Checkpoint::open(&path).map_err(|e| e.to_string())
+}
+
+/// With `--save PATH`: rank 0 writes `gathered` (every rank gathered its
+/// weights, which needs all of them) to `PATH`.
+pub fn save_requested(
+    group: &Group,
+    gather: impl FnOnce() -> Result<Vec<(String, Array)>, String>,
+    stream: &Stream,
+) -> Result<(), String> {
+    let Some(path) = flag("--save") else {
+        return Ok(());
+    };
+    let gathered = gather()?;
+    if group.rank() == 0 {
+        save(&path, &gathered, stream).map_err(|e| e.to_string())?;
+        println!("rank 0: saved the gathered weights to {path}");
+    }
+    Ok(())
 }
 
 /// Whether `--check` was given.
@@ -75,6 +144,7 @@ pub fn check_requested() -> bool {
 /// Prints the `--check` line and fails above a relative error of 1e-4.
 pub fn report_check(label: &str, got: &Array, want: &Array) -> Result<(), String> {
     let read = |a: &Array| {
+        safemlx_dist::eval(&[a]).map_err(|e| e.to_string())?;
         a.evaluated()
             .map_err(|e| e.what().to_owned())?
             .try_to_vec::<f32>()

@@ -1,17 +1,24 @@
-//! The tensor-parallel SwiGLU MLP on N ranks: per-rank shapes, timing,
-//! tokens/s, and with `--check` the error against the dense MLP.
+//! The tensor-parallel SwiGLU MLP on N ranks, loaded from a safetensors
+//! checkpoint (each rank reads only its columns of `gate`/`up` and its
+//! rows of `down`): per-rank shapes and bytes read, timing, tokens/s, and
+//! with `--check` the error against the dense MLP of the same weights.
 //!
 //! ```text
 //! safemlx-launch -n 2 -- target/release/examples/tp_mlp --check
+//!     [--checkpoint FILE] [--save FILE]
 //! ```
+//!
+//! Without `--checkpoint`, rank 0 writes a random one (tensors `mlp.gate`
+//! `[D, H]`, `mlp.up` `[D, H]`, `mlp.down` `[H, D]`); `--save` gathers the
+//! weights back and rank 0 writes them.
 
 use std::process::ExitCode;
 
-use safemlx::Array;
 use safemlx_dist::nn::SwiGluMlp;
 use safemlx_dist::{init, ShardedArray};
 use safemlx_dist_examples::{
-    backend_from_args, check_requested, cpu_stream, report_check, time_steps, weights,
+    backend_from_args, check_requested, checkpoint, cpu_stream, dense, report_check,
+    save_requested, time_steps, weights,
 };
 
 const TOKENS: i32 = 256;
@@ -27,39 +34,59 @@ fn run() -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
-    let (gate, up, down) = (
-        weights(&[DIM, HIDDEN], 1.0, 0.05),
-        weights(&[DIM, HIDDEN], 2.0, 0.05),
-        weights(&[HIDDEN, DIM], 3.0, 0.05),
-    );
-    let x = weights(&[TOKENS, DIM], 4.0, 1.0);
-    let mlp =
-        SwiGluMlp::from_full(&group, gate.clone(), up.clone(), down.clone(), &s).map_err(err)?;
+    let file = checkpoint(
+        "tp_mlp",
+        &group,
+        || {
+            vec![
+                ("mlp.gate".to_owned(), weights(&[DIM, HIDDEN], 1, 0.05)),
+                ("mlp.up".to_owned(), weights(&[DIM, HIDDEN], 2, 0.05)),
+                ("mlp.down".to_owned(), weights(&[HIDDEN, DIM], 3, 0.05)),
+            ]
+        },
+        &s,
+    )?;
+    let mlp = SwiGluMlp::from_checkpoint(&group, &file, "mlp.", &s).map_err(err)?;
     let layout = mlp.layout();
+    let dim = layout[0].global_shape[0];
+    let x = weights(&[TOKENS, dim], 4, 1.0);
     let xr = ShardedArray::replicated(x.clone(), &group);
     let mut y = None;
     let seconds = time_steps(10, || {
         let out = mlp.forward(&xr, &s).map_err(err)?;
-        out.local().evaluated().map_err(|e| e.what().to_owned())?;
+        safemlx_dist::eval(&[out.local()]).map_err(err)?;
         y = Some(out);
         Ok(())
     })?;
     println!(
-        "rank {rank}/{n}: gate/up local {:?}, down local {:?}; [{TOKENS}, {DIM}] in {:.2} ms, {:.0} tokens/s",
+        "rank {rank}/{n}: gate/up local {:?}, down local {:?} ({} KiB read); [{TOKENS}, {dim}] in {:.2} ms, {:.0} tokens/s",
         layout[0].local_shape,
         layout[2].local_shape,
+        file.bytes_read() / 1024,
         seconds * 1e3,
         TOKENS as f64 / seconds
     );
     if check_requested() {
-        let dense = || -> safemlx::error::Result<Array> {
-            let g = x.matmul(&gate, &s)?;
-            let a = g.multiply(safemlx::ops::sigmoid(&g, &s)?, &s)?;
-            a.multiply(x.matmul(&up, &s)?, &s)?.matmul(&down, &s)
-        };
-        let want = dense().map_err(|e| e.what().to_owned())?;
+        let read = |name: &str| file.read(name, &s).map_err(err);
+        let want = dense::swiglu(
+            &x,
+            &read("mlp.gate")?,
+            &read("mlp.up")?,
+            &read("mlp.down")?,
+            &s,
+        )?;
         let y = y.ok_or("no forward ran")?;
         report_check(&format!("rank {rank}/{n}"), y.local(), &want)?;
     }
-    Ok(())
+    save_requested(
+        &group,
+        || {
+            let full = mlp.gather_full(&s).map_err(err)?;
+            Ok(full
+                .into_iter()
+                .map(|(name, a)| (format!("mlp.{name}"), a))
+                .collect())
+        },
+        &s,
+    )
 }

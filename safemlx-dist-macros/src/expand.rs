@@ -102,20 +102,36 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         .map(|f| f.spec.segments.map_or(1, |s| s.0))
         .collect();
     let names: Vec<String> = idents.iter().map(|i| i.to_string()).collect();
-    let shape_checks: Vec<TokenStream> = fields
-        .iter()
-        .filter_map(|f| {
-            let dims: Vec<usize> = f.spec.dims.as_ref()?.iter().map(|d| d.0).collect();
-            let (ident, name) = (&f.ident, f.ident.to_string());
-            let static_check = generic_mesh_check(f, &dims);
-            Some(quote! {
-                #static_check
-                ::safemlx_dist::__private::check_weight_dims(#name, &#ident, &[#(#dims),*])?;
+    let dim_checks = |from_checkpoint: bool| -> Vec<TokenStream> {
+        fields
+            .iter()
+            .filter_map(|f| {
+                let dims: Vec<usize> = f.spec.dims.as_ref()?.iter().map(|d| d.0).collect();
+                let (ident, name) = (&f.ident, f.ident.to_string());
+                let static_check = generic_mesh_check(f, &dims);
+                let shape = if from_checkpoint {
+                    quote!(
+                        &checkpoint
+                            .info(&::std::format!("{}{}", prefix, #name))?
+                            .shape
+                    )
+                } else {
+                    quote!(#ident.shape())
+                };
+                Some(quote! {
+                    #static_check
+                    ::safemlx_dist::__private::check_weight_dims(#name, #shape, &[#(#dims),*])?;
+                })
             })
-        })
-        .collect();
+            .collect()
+    };
+    let (shape_checks, checkpoint_checks) = (dim_checks(false), dim_checks(true));
     let docs_from = format!(
         "Builds `{name}` on this rank from full (unsharded) weights: each rank keeps exactly its part of each (fields: {}). No communication.",
+        names.join(", ")
+    );
+    let docs_checkpoint = format!(
+        "Builds `{name}` on this rank from a checkpoint whose tensors are named `prefix` + field ({}): each rank reads only its part of each. No communication.",
         names.join(", ")
     );
     quote! {
@@ -137,6 +153,25 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 Ok(Self {
                     #(#idents: ::safemlx_dist::__private::shard_weight::<#placements, #comm>(
                         #idents, comm, #segments, #names, stream,
+                    )?,)*
+                })
+            }
+
+            #[doc = #docs_checkpoint]
+            ///
+            /// # Errors
+            /// A missing tensor, one without the field's sharded axis, or
+            /// segments that do not divide evenly, naming the tensor.
+            pub fn from_checkpoint(
+                comm: &#comm,
+                checkpoint: &::safemlx_dist::checkpoint::Checkpoint,
+                prefix: &str,
+                stream: &::safemlx::Stream,
+            ) -> ::safemlx_dist::Result<Self> {
+                #(#checkpoint_checks)*
+                Ok(Self {
+                    #(#idents: checkpoint.read_shard::<#placements, #comm>(
+                        &::std::format!("{}{}", prefix, #names), comm, #segments, stream,
                     )?,)*
                 })
             }

@@ -28,6 +28,9 @@ pub struct TensorParallel;
 #[doc = include_str!("../../book/src/moe.md")]
 pub struct Moe;
 
+#[doc = include_str!("../../book/src/checkpoints.md")]
+pub struct Checkpoints;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

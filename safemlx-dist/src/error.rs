@@ -73,6 +73,15 @@ pub enum Error {
     /// which operation, what it got and what it needs.
     #[error("{0}")]
     Shape(String),
+
+    /// A checkpoint that cannot be read or written, or lacks a tensor.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file.
+        path: String,
+        /// What is wrong, naming the tensor where there is one.
+        message: String,
+    },
     /// The group size reported by MLX does not fit in `i32`.
     #[error("distributed group size does not fit in i32")]
     GroupSizeOverflow,

@@ -25,6 +25,7 @@
 // resolve inside the crate too (the parallel layers use the attribute).
 extern crate self as safemlx_dist;
 
+pub mod checkpoint;
 mod error;
 pub mod launch;
 pub mod nn;
@@ -45,7 +46,7 @@ pub use safemlx_dist_macros::sharded;
 
 pub use error::{AllToAllVError, Error, PeerRole, Result};
 pub use runtime::{
-    all_gather, all_max, all_min, all_sum, all_to_all_v, eval, init, is_available, recv, recv_like, send,
-    sum_scatter, Backend, CollectiveProfile, CollectiveTime, Group, Lowering, LOWERING_ENV,
+    all_gather, all_max, all_min, all_sum, all_to_all_v, eval, init, is_available, recv, recv_like,
+    send, sum_scatter, Backend, CollectiveProfile, CollectiveTime, Group, Lowering, LOWERING_ENV,
 };
 pub use typed::{Collective, Mesh, Partial, Placement, Ragged, Replicated, Sharded, ShardedArray};

@@ -1,7 +1,7 @@
 //! The expert-parallel MoE between real processes against a dense
 //! single-process MoE on the same weights: balanced and skewed routing
 //! (every token to one expert, so some ranks receive nothing), top-1 and
-//! top-2, uneven token counts per rank, at 1, 2 and 4 ranks.
+//! top-2, uneven token counts per rank, at 1, 2, 3 and 4 ranks (12 experts).
 
 use safemlx::Array;
 use safemlx_dist::launch::Ranks;
@@ -11,7 +11,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error, moe_token};
 use safemlx_dist_tests::typed::Rng;
 
-const E: usize = 4;
+const E: usize = 12;
 const D: usize = 4;
 const H: usize = 6;
 
@@ -139,8 +139,8 @@ fn all_cases(group: &Group) {
 }
 
 #[test]
-fn expert_parallel_moe_matches_dense_at_1_2_and_4_ranks() {
-    for ranks in [1, 2, 4] {
+fn expert_parallel_moe_matches_dense_at_1_to_4_ranks() {
+    for ranks in [1, 2, 3, 4] {
         Ranks::new(ranks)
             .run_test(all_cases)
             .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));

@@ -5,6 +5,7 @@
 //! - `demo`    setup, release build, run the collectives example
 //! - `bindgen` regenerate `ffi/src/bindings.rs` from the MLX-C headers
 //! - `bench collectives` measure every collective and lowering (JSON lines)
+//! - `bench layers` measure the parallel layers against dense (JSON lines)
 
 mod bench;
 mod bindings;
@@ -14,7 +15,7 @@ mod tasks;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask <setup|test|demo|bindgen|bench collectives>";
+const USAGE: &str = "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

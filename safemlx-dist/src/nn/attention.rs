@@ -2,6 +2,7 @@
 
 use safemlx::{Array, Stream};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::typed::{Replicated, Sharded, ShardedArray};
 use crate::{sharded, Group};
@@ -43,20 +44,33 @@ impl ShardedAttention {
         out: Array,
         s: &Stream,
     ) -> Result<Self> {
-        let d = usize::try_from(out.shape().first().copied().unwrap_or(0)).unwrap_or(0);
-        let n = group.size();
-        if heads == 0 || d % heads != 0 {
-            return Err(Error::Shape(format!(
-                "attention with {heads} heads over a model dimension of {d}: the head count must divide the dimension"
-            )));
-        }
-        if heads % n != 0 {
-            return Err(Error::Shape(format!(
-                "attention with {heads} heads over {n} ranks: heads are split across ranks, so the head count must be a multiple of the rank count"
-            )));
-        }
+        check_heads(out.shape(), heads, group.size())?;
         let weights = AttentionWeights::from_full(group, qkv, out, s)?;
         Ok(Self { weights, heads })
+    }
+
+    /// Builds this rank's part from a checkpoint's `{prefix}qkv` `[D, 3D]`
+    /// and `{prefix}out` `[D, D]`, reading only this rank's heads.
+    ///
+    /// # Errors
+    /// Those of [`from_full`](Self::from_full), and a missing tensor.
+    pub fn from_checkpoint(
+        group: &Group,
+        heads: usize,
+        checkpoint: &Checkpoint,
+        prefix: &str,
+        s: &Stream,
+    ) -> Result<Self> {
+        let out = &checkpoint.info(&format!("{prefix}out"))?.shape;
+        check_heads(out, heads, group.size())?;
+        let weights = AttentionWeights::from_checkpoint(group, checkpoint, prefix, s)?;
+        Ok(Self { weights, heads })
+    }
+
+    /// The full weights again, `qkv` then `out` (see
+    /// [`AttentionWeights::gather_full`]).
+    pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
+        self.weights.gather_full(s)
     }
 
     /// Causal self-attention of replicated tokens `x` `[T, D]`; the output
@@ -68,6 +82,20 @@ impl ShardedAttention {
     ) -> Result<ShardedArray<Replicated>> {
         let heads = self.attend(x, s)?;
         heads.matmul(&self.weights.out, s)?.all_sum(s)
+    }
+
+    /// Sequence parallel: tokens arrive split by rows, are gathered for the
+    /// heads (causal attention needs every earlier token), and leave split
+    /// by rows through a `sum_scatter` of the output projection's partial
+    /// sums. Cost: an `all_gather` and a `sum_scatter` of `[T, D]`, the
+    /// bytes of the `all_sum` of [`forward`](Self::forward).
+    #[sharded(x @ Replicated, return @ Sharded<0>)]
+    pub fn forward_sequence_parallel(
+        &self,
+        x: ShardedArray<Sharded<0>>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<0>>> {
+        self.attend(&x, s)?.matmul(&self.weights.out, s)
     }
 
     /// This rank's heads' outputs, `[T, D]` split by columns (head-major).
@@ -108,6 +136,23 @@ impl ShardedAttention {
             .reshape(&[t, width], s)?;
         ShardedArray::from_local(local, comm, &[t, d])
     }
+}
+
+/// Checks `heads` against the model dimension (`out` is `[D, D]`) and the
+/// rank count.
+fn check_heads(out: &[i32], heads: usize, n: usize) -> Result<()> {
+    let d = usize::try_from(out.first().copied().unwrap_or(0)).unwrap_or(0);
+    if heads == 0 || d % heads != 0 {
+        return Err(Error::Shape(format!(
+            "attention with {heads} heads over a model dimension of {d}: the head count must divide the dimension"
+        )));
+    }
+    if heads % n != 0 {
+        return Err(Error::Shape(format!(
+            "attention with {heads} heads over {n} ranks: heads are split across ranks, so the head count must be a multiple of the rank count"
+        )));
+    }
+    Ok(())
 }
 
 /// `[T, T]`: 0 on and below the diagonal, a large negative number above it.

@@ -4,8 +4,13 @@
 use safemlx::{Array, Stream};
 
 use super::{ExpertParallelMoe, ShardedAttention, SwiGluMlp};
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::typed::{Ragged, Replicated, ShardedArray};
+use crate::typed::{Ragged, Replicated, Sharded, ShardedArray};
+use crate::Group;
+
+/// The norms' epsilon of a block built by [`TransformerBlock::from_checkpoint`].
+pub const DEFAULT_EPS: f32 = 1e-5;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last axis.
 pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array> {
@@ -40,6 +45,84 @@ pub struct TransformerBlock {
 }
 
 impl TransformerBlock {
+    /// Builds this rank's part of a block from a checkpoint, each rank
+    /// reading only its part. Tensor names, after `prefix`:
+    /// `attention.qkv` `[D, 3D]`, `attention.out` `[D, D]`,
+    /// `attention_norm` `[D]`, `feed_forward_norm` `[D]`, and either
+    /// `mlp.gate`, `mlp.up` `[D, H]`, `mlp.down` `[H, D]` or `moe.router`
+    /// `[D, E]`, `moe.w1` `[E, D, H]`, `moe.w2` `[E, H, D]` (an MoE block,
+    /// routing `top_k` experts per token). `eps` is [`DEFAULT_EPS`].
+    ///
+    /// # Errors
+    /// A missing tensor (the message lists what the file has), or the
+    /// checks of the attention and the feed-forward layer.
+    pub fn from_checkpoint(
+        group: &Group,
+        heads: usize,
+        top_k: usize,
+        checkpoint: &Checkpoint,
+        prefix: &str,
+        s: &Stream,
+    ) -> Result<Self> {
+        let attention = ShardedAttention::from_checkpoint(
+            group,
+            heads,
+            checkpoint,
+            &format!("{prefix}attention."),
+            s,
+        )?;
+        let feed_forward = if checkpoint.contains(&format!("{prefix}moe.router")) {
+            FeedForward::Moe(ExpertParallelMoe::from_checkpoint(
+                group,
+                top_k,
+                checkpoint,
+                &format!("{prefix}moe."),
+                s,
+            )?)
+        } else {
+            FeedForward::Mlp(SwiGluMlp::from_checkpoint(
+                group,
+                checkpoint,
+                &format!("{prefix}mlp."),
+                s,
+            )?)
+        };
+        Ok(Self {
+            attention,
+            feed_forward,
+            attention_norm: checkpoint.read(&format!("{prefix}attention_norm"), s)?,
+            feed_forward_norm: checkpoint.read(&format!("{prefix}feed_forward_norm"), s)?,
+            eps: DEFAULT_EPS,
+        })
+    }
+
+    /// The block's full weights under the names
+    /// [`from_checkpoint`](Self::from_checkpoint) reads, after `prefix`:
+    /// what [`checkpoint::save`](crate::checkpoint::save) writes. Cost: one
+    /// `all_gather` per sharded weight.
+    pub fn gather_full(&self, prefix: &str, s: &Stream) -> Result<Vec<(String, Array)>> {
+        let named = |part: &'static str, weights: Vec<(&'static str, Array)>| {
+            weights
+                .into_iter()
+                .map(move |(name, a)| (format!("{prefix}{part}.{name}"), a))
+        };
+        let mut all: Vec<(String, Array)> =
+            named("attention", self.attention.gather_full(s)?).collect();
+        match &self.feed_forward {
+            FeedForward::Mlp(mlp) => all.extend(named("mlp", mlp.gather_full(s)?)),
+            FeedForward::Moe(moe) => all.extend(named("moe", moe.gather_full(s)?)),
+        }
+        all.push((
+            format!("{prefix}attention_norm"),
+            self.attention_norm.clone(),
+        ));
+        all.push((
+            format!("{prefix}feed_forward_norm"),
+            self.feed_forward_norm.clone(),
+        ));
+        Ok(all)
+    }
+
     /// The block on replicated tokens; returns the tokens and the MoE's
     /// load-balancing loss (0 for an MLP block).
     ///
@@ -73,6 +156,48 @@ impl TransformerBlock {
                 )?;
                 let out = moe.forward(&rows, s)?;
                 (out.tokens.gather_rows(s)?, out.aux_loss)
+            }
+        };
+        Ok((h.add(&ff, s)?, aux))
+    }
+
+    /// The block with sequence parallelism: tokens `[T, D]` arrive and
+    /// leave split by rows (`Sharded<0>`, `T` divisible by the rank count).
+    /// The norms and residuals run on each rank's rows only; the attention
+    /// gathers the rows (`all_gather`) before its column-parallel QKV and
+    /// scatters after its row-parallel output (`sum_scatter`); the MLP does
+    /// the same; an MoE routes each rank's rows as they are. The same bytes
+    /// move as in [`forward`](Self::forward), but activations between
+    /// layers take `1/n` of the memory and the element-wise work is split.
+    ///
+    /// Switch per block: a model can run some blocks with this forward and
+    /// others with [`forward`](Self::forward), converting between them with
+    /// `x.shard::<0>()` and `x.all_gather()`.
+    pub fn forward_sequence_parallel(
+        &self,
+        x: &ShardedArray<Sharded<0>>,
+        s: &Stream,
+    ) -> Result<(ShardedArray<Sharded<0>>, f32)> {
+        let comm = x.comm().clone();
+        let rows = |local: Array, like: &ShardedArray<Sharded<0>>| {
+            ShardedArray::<Sharded<0>>::from_local(local, &comm, like.global_shape())
+        };
+        let normed = rows(rms_norm(x.local(), &self.attention_norm, self.eps, s)?, x)?;
+        let h = x.add(&self.attention.forward_sequence_parallel(normed, s)?, s)?;
+        let normed = rows(
+            rms_norm(h.local(), &self.feed_forward_norm, self.eps, s)?,
+            &h,
+        )?;
+        let (ff, aux) = match &self.feed_forward {
+            FeedForward::Mlp(mlp) => (mlp.forward_sequence_parallel(normed, s)?, 0.0),
+            FeedForward::Moe(moe) => {
+                let tokens = ShardedArray::<Ragged>::from_local(
+                    normed.local().clone(),
+                    &comm,
+                    normed.local().shape(),
+                )?;
+                let out = moe.forward(&tokens, s)?;
+                (rows(out.tokens.local().clone(), &h)?, out.aux_loss)
             }
         };
         Ok((h.add(&ff, s)?, aux))

@@ -11,7 +11,7 @@ mod mlp;
 mod moe;
 
 pub use attention::{AttentionWeights, ShardedAttention};
-pub use block::{rms_norm, FeedForward, TransformerBlock};
+pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};

@@ -2,6 +2,7 @@
 
 use safemlx::{Array, Dtype, Stream};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::typed::{Ragged, Replicated, RoutingPlan, Sharded, ShardedArray};
 use crate::{sharded, Group};
@@ -54,12 +55,28 @@ pub struct ExpertParallelMoe {
 }
 
 fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
-    let a = a
-        .as_dtype(Dtype::Float32, s)?
-        .contiguous(false, s)?
-        .into_evaluated()?;
+    let a = a.as_dtype(Dtype::Float32, s)?.contiguous(false, s)?;
+    crate::eval(&[&a])?;
+    let a = a.into_evaluated()?;
     a.try_to_vec::<f32>()
         .map_err(|e| Error::Shape(format!("reading router output: {e}")))
+}
+
+/// The expert count of a router `[D, E]`, checked against the rank count
+/// and `top_k`.
+fn check_experts(router: &[i32], n: usize, top_k: usize) -> Result<usize> {
+    let experts = usize::try_from(router.get(1).copied().unwrap_or(0)).unwrap_or(0);
+    if experts == 0 || experts % n != 0 {
+        return Err(Error::Shape(format!(
+            "{experts} experts over {n} ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
+        )));
+    }
+    if !(1..=2).contains(&top_k) {
+        return Err(Error::Shape(format!(
+            "top_k is {top_k}; the router supports 1 or 2"
+        )));
+    }
+    Ok(experts)
 }
 
 fn indices(values: &[usize]) -> Array {
@@ -80,18 +97,7 @@ impl ExpertParallelMoe {
         w2: Array,
         s: &Stream,
     ) -> Result<Self> {
-        let experts = usize::try_from(router.shape().get(1).copied().unwrap_or(0)).unwrap_or(0);
-        let n = group.size();
-        if experts == 0 || experts % n != 0 {
-            return Err(Error::Shape(format!(
-                "{experts} experts over {n} ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
-            )));
-        }
-        if !(1..=2).contains(&top_k) {
-            return Err(Error::Shape(format!(
-                "top_k is {top_k}; the router supports 1 or 2"
-            )));
-        }
+        let experts = check_experts(router.shape(), group.size(), top_k)?;
         let weights = MoeWeights::from_full(group, router, w1, w2, s)?;
         Ok(Self {
             weights,
@@ -99,6 +105,35 @@ impl ExpertParallelMoe {
             top_k,
             capacity_factor: None,
         })
+    }
+
+    /// Builds this rank's part from a checkpoint's `{prefix}router`,
+    /// `{prefix}w1` and `{prefix}w2`, reading only this rank's experts.
+    ///
+    /// # Errors
+    /// Those of [`from_full`](Self::from_full), and a missing tensor.
+    pub fn from_checkpoint(
+        group: &Group,
+        top_k: usize,
+        checkpoint: &Checkpoint,
+        prefix: &str,
+        s: &Stream,
+    ) -> Result<Self> {
+        let router = &checkpoint.info(&format!("{prefix}router"))?.shape;
+        let experts = check_experts(router, group.size(), top_k)?;
+        let weights = MoeWeights::from_checkpoint(group, checkpoint, prefix, s)?;
+        Ok(Self {
+            weights,
+            experts,
+            top_k,
+            capacity_factor: None,
+        })
+    }
+
+    /// The full weights again: `router`, `w1`, `w2` (one `all_gather` per
+    /// expert tensor).
+    pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
+        self.weights.gather_full(s)
     }
 
     /// Limits how many routed slots each rank sends to each expert to
@@ -174,8 +209,8 @@ impl ExpertParallelMoe {
         let routed_ids = as_ragged(ids)?.route(&plan, s)?;
         // Every rank runs the exchanges now and in the same order: a rank
         // whose experts got no rows would otherwise never evaluate its part.
-        routed_ids.local().evaluated()?;
-        routed.local().evaluated()?;
+        crate::eval(&[routed_ids.local()])?;
+        crate::eval(&[routed.local()])?;
 
         // Local experts on the rows they received (grouped on the host).
         let local_ids: Vec<usize> = host_f32(routed_ids.local(), s)?
@@ -215,7 +250,7 @@ impl ExpertParallelMoe {
             all.take_axis(indices(&inverse), 0, s)?
         };
         let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
-        back.local().evaluated()?;
+        crate::eval(&[back.local()])?;
 
         // Combine: undo the dispatch order, weight by the gates, sum the k slots.
         // Dropped slots read an appended zero row.

@@ -13,7 +13,7 @@ mod placement;
 mod redistribute;
 mod routing;
 mod sharded;
-mod weights;
+pub(crate) mod weights;
 
 pub use collective::Collective;
 pub use mesh::Mesh;

@@ -41,15 +41,44 @@ impl FieldLayout {
     }
 }
 
-fn axis_of<P: Placement>(name: &str, full: &Array) -> Result<Option<usize>> {
+/// The sharded axis of placement `P` for a weight of `shape`, checked.
+pub(crate) fn sharded_axis<P: Placement>(name: &str, shape: &[i32]) -> Result<Option<usize>> {
     match P::AXIS {
-        Some(axis) if axis >= full.ndim() => Err(Error::Shape(format!(
-            "weight `{name}` is {} but has shape {:?}: it has no axis {axis}",
+        Some(axis) if axis >= shape.len() => Err(Error::Shape(format!(
+            "weight `{name}` is {} but has shape {shape:?}: it has no axis {axis}",
             P::name(),
-            full.shape()
         ))),
         other => Ok(other),
     }
+}
+
+/// The ranges `(offset, len)` along a sharded axis of `dim` elements that
+/// rank `rank` of `n` keeps, in order: its chunk, or with `segments = k`
+/// its chunk of each of the `k` equal blocks.
+///
+/// # Errors
+/// Segments that do not divide evenly over the ranks, naming the weight.
+pub(crate) fn shard_ranges(
+    name: &str,
+    axis: usize,
+    dim: usize,
+    segments: usize,
+    (rank, n): (usize, usize),
+) -> Result<Vec<(usize, usize)>> {
+    if segments <= 1 {
+        return Ok(vec![chunk(dim, rank, n)]);
+    }
+    if dim % (segments * n) != 0 {
+        return Err(Error::Shape(format!(
+            "weight `{name}` has {dim} elements along axis {axis} in {segments} segments: each segment ({} elements) must divide evenly over {n} ranks",
+            dim / segments
+        )));
+    }
+    let block = dim / segments;
+    let per_rank = block / n;
+    Ok((0..segments)
+        .map(|j| (j * block + rank * per_rank, per_rank))
+        .collect())
 }
 
 /// This rank's part of the full weight `full`: all of it when replicated;
@@ -63,32 +92,28 @@ pub fn shard_weight<P: Placement, C: Collective>(
     s: &Stream,
 ) -> Result<ShardedArray<P, C>> {
     let global = full.shape().to_vec();
-    let Some(axis) = axis_of::<P>(name, &full)? else {
+    let Some(axis) = sharded_axis::<P>(name, &global)? else {
         return ShardedArray::from_local(full, comm, &global);
     };
-    let (rank, n) = (comm.rank(), comm.size());
     let dim = usize::try_from(global[axis]).unwrap_or(0);
-    if segments <= 1 {
-        let (offset, len) = chunk(dim, rank, n);
-        return ShardedArray::from_local(slice_axis(&full, axis, offset, len, s)?, comm, &global);
-    }
-    if dim % (segments * n) != 0 {
-        return Err(Error::Shape(format!(
-            "weight `{name}` has {dim} elements along axis {axis} in {segments} segments: each segment ({} elements) must divide evenly over {n} ranks",
-            dim / segments
-        )));
-    }
-    let block = dim / segments;
-    let per_rank = block / n;
-    let parts = (0..segments)
-        .map(|j| slice_axis(&full, axis, j * block + rank * per_rank, per_rank, s))
+    let ranges = shard_ranges(name, axis, dim, segments, (comm.rank(), comm.size()))?;
+    let parts = ranges
+        .iter()
+        .map(|&(offset, len)| slice_axis(&full, axis, offset, len, s))
         .collect::<Result<Vec<_>>>()?;
-    let local = safemlx::ops::concatenate_axis(&parts, axis as i32, s)?;
+    let local = match parts.as_slice() {
+        [one] => one.clone(),
+        _ => safemlx::ops::concatenate_axis(&parts, axis as i32, s)?,
+    };
     ShardedArray::from_local(local, comm, &global)
 }
 
 /// The full weight again, on every rank (the inverse of [`shard_weight`]).
 /// Cost: one `all_gather` of a sharded weight; nothing for a replicated one.
+///
+/// The gather is evaluated here, on every rank: gathered weights are often
+/// used by one rank only (rank 0 saves the checkpoint), and a rank that
+/// left its side of a collective unevaluated would stall the others.
 pub fn gather_weight<P: Placement, C: Collective>(
     weight: &ShardedArray<P, C>,
     segments: usize,
@@ -101,6 +126,7 @@ pub fn gather_weight<P: Placement, C: Collective>(
     let gathered = weight
         .comm()
         .all_gather(weight.local(), axis, &lengths, s)?;
+    crate::eval(&[&gathered])?;
     let n = weight.comm().size();
     if segments <= 1 || n == 1 {
         return Ok(gathered);
@@ -188,10 +214,9 @@ impl Dims {
 ///
 /// # Errors
 /// The field's name, the declared shape and the weight's shape.
-pub fn check_weight_dims(name: &str, full: &Array, dims: &[usize]) -> Result<()> {
-    let matches = full.ndim() == dims.len()
-        && full
-            .shape()
+pub fn check_weight_dims(name: &str, shape: &[i32], dims: &[usize]) -> Result<()> {
+    let matches = shape.len() == dims.len()
+        && shape
             .iter()
             .zip(dims)
             .all(|(&got, &want)| usize::try_from(got).ok() == Some(want));
@@ -199,8 +224,7 @@ pub fn check_weight_dims(name: &str, full: &Array, dims: &[usize]) -> Result<()>
         Ok(())
     } else {
         Err(Error::Shape(format!(
-            "weight `{name}` is declared with dims {dims:?} but the full weight given has shape {:?}",
-            full.shape()
+            "weight `{name}` is declared with dims {dims:?} but the full weight given has shape {shape:?}"
         )))
     }
 }

@@ -7,26 +7,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::{cmd, setup, tasks};
+use super::{prepare, read_rows};
+use crate::cmd;
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    match args.first().map(String::as_str) {
-        Some("collectives") | None => collectives(),
-        Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives"
-        )),
-    }
-}
-
-fn collectives() -> Result<(), String> {
-    setup::run()?;
-    let release = tasks::build_examples_and_launcher()?;
-
-    let out_dir = cmd::target_dir().join("bench");
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
-    let out = out_dir.join("collectives.jsonl");
-    std::fs::write(&out, "").map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+pub fn run() -> Result<(), String> {
+    let (release, out) = prepare("collectives.jsonl")?;
     for backend in ["ring", "mpi"] {
         for ranks in ["2", "4"] {
             let mut launch = Command::new(release.join("safemlx-launch"));
@@ -40,7 +25,7 @@ fn collectives() -> Result<(), String> {
             cmd::run(launch)?;
         }
     }
-    let rows = read_rows(&std::fs::read_to_string(&out).map_err(|e| e.to_string())?)?;
+    let rows = read_rows(&out)?;
     println!("bench: {} measurements in {}", rows.len(), out.display());
     report(&rows);
     Ok(())
@@ -48,13 +33,6 @@ fn collectives() -> Result<(), String> {
 
 /// (op, backend, ranks, bytes) -> strategy -> median seconds.
 type Table = BTreeMap<(String, String, u64, u64), BTreeMap<String, f64>>;
-
-fn read_rows(text: &str) -> Result<Vec<Value>, String> {
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).map_err(|e| format!("bad bench line {l:?}: {e}")))
-        .collect()
-}
 
 fn table(rows: &[Value]) -> Table {
     let mut table = Table::new();

@@ -1,0 +1,302 @@
+//! Sharded checkpoints in the safetensors format.
+//!
+//! [`Checkpoint::open`] reads only the header. [`Checkpoint::read_shard`]
+//! then reads, for one tensor, just the bytes of this rank's part: a row
+//! split (`Sharded<0>`) is one contiguous range, a column split one range
+//! per row, a fused QKV one range per segment and row. Every layer built
+//! with `#[sharded]` gets a `from_checkpoint` that does this for each of
+//! its fields; `gather_full` and [`save`] write a full checkpoint back.
+//!
+//! ```
+//! use safemlx::{Array, Device, DeviceType, Stream};
+//! use safemlx_dist::checkpoint::{save, Checkpoint};
+//! use safemlx_dist::{init, Backend, Sharded};
+//!
+//! let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
+//! let path = std::env::temp_dir().join(format!("doc-{}.safetensors", std::process::id()));
+//! let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+//! save(&path, &[("w", w)], &s)?;
+//!
+//! let group = init(false, Backend::Any)?; // one rank here: its part is all of it
+//! let checkpoint = Checkpoint::open(&path)?;
+//! assert_eq!(checkpoint.info("w")?.shape, [2, 3]);
+//! let part = checkpoint.read_shard::<Sharded<1>, _>("w", &group, 1, &s)?;
+//! assert_eq!(part.global_shape(), [2, 3]);
+//! assert_eq!(checkpoint.bytes_read(), 24);
+//! # std::fs::remove_file(&path).ok();
+//! # Ok::<(), safemlx_dist::Error>(())
+//! ```
+
+mod format;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use safemlx::{Array, Dtype, Stream};
+
+pub use format::TensorInfo;
+
+use crate::error::{Error, Result};
+use crate::typed::weights::{shard_ranges, sharded_axis};
+use crate::typed::{Collective, Placement, ShardedArray};
+
+/// An open safetensors file: its header parsed and checked, its tensors
+/// read on demand.
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+    file: File,
+    data_start: u64,
+    tensors: BTreeMap<String, TensorInfo>,
+    bytes_read: Cell<u64>,
+}
+
+fn io_error(path: &Path, what: &str, e: &std::io::Error) -> Error {
+    Error::Checkpoint {
+        path: path.display().to_string(),
+        message: format!("{what}: {e}"),
+    }
+}
+
+impl Checkpoint {
+    /// Opens `path` and reads its header (nothing else).
+    ///
+    /// # Errors
+    /// A file that cannot be read, or whose header is not a valid
+    /// safetensors header for a dtype this crate reads; the message names
+    /// the file, the tensor and what is wrong.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let fail = |message: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            message,
+        };
+        let mut file = File::open(&path).map_err(|e| io_error(&path, "cannot open", &e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_error(&path, "cannot read its size", &e))?
+            .len();
+        if len < 8 {
+            return Err(fail(format!(
+                "{len} bytes is too short for a safetensors file (it starts with an 8-byte header length)"
+            )));
+        }
+        let mut size = [0u8; 8];
+        file.read_exact(&mut size)
+            .map_err(|e| io_error(&path, "cannot read the header length", &e))?;
+        let header_len = u64::from_le_bytes(size);
+        if header_len > format::MAX_HEADER || header_len > len - 8 {
+            return Err(fail(format!(
+                "the header length is {header_len} bytes but the file has {} bytes after it (and headers are at most {} bytes); this is not a safetensors file",
+                len - 8,
+                format::MAX_HEADER
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header)
+            .map_err(|e| io_error(&path, "cannot read the header", &e))?;
+        let data_start = 8 + header_len;
+        let tensors = format::parse(&header, len - data_start).map_err(fail)?;
+        Ok(Self {
+            path,
+            file,
+            data_start,
+            tensors,
+            bytes_read: Cell::new(0),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The tensors' names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Whether the checkpoint has a tensor `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The dtype, shape and size of tensor `name`.
+    ///
+    /// # Errors
+    /// No such tensor: the message lists the names the file has.
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensors.get(name).ok_or_else(|| {
+            let mut names: Vec<&str> = self.names().take(12).collect();
+            if self.tensors.len() > names.len() {
+                names.push("...");
+            }
+            self.error(format!(
+                "has no tensor `{name}`; it has: {}",
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// Tensor data bytes read so far (headers not counted): what
+    /// [`read`](Self::read) and [`read_shard`](Self::read_shard) cost.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.get()
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Checkpoint {
+            path: self.path.display().to_string(),
+            message,
+        }
+    }
+
+    /// The whole tensor `name`.
+    ///
+    /// # Errors
+    /// No such tensor, or a read that fails.
+    pub fn read(&self, name: &str, s: &Stream) -> Result<Array> {
+        let info = self.info(name)?;
+        let bytes = self.read_ranges(name, &[(info.begin, info.nbytes())])?;
+        self.array(bytes, info.dtype, &info.shape, s)
+    }
+
+    /// This rank's part of tensor `name` laid out as placement `P` (with
+    /// `segments` fused blocks along its sharded axis, 1 for a plain
+    /// weight), reading only that part's bytes: the same array as
+    /// [`shard_weight`](crate::typed::shard_weight) of the full tensor.
+    ///
+    /// # Errors
+    /// No such tensor, a tensor without `P`'s axis, segments that do not
+    /// divide evenly over the ranks, or a read that fails.
+    pub fn read_shard<P: Placement, C: Collective>(
+        &self,
+        name: &str,
+        comm: &C,
+        segments: usize,
+        s: &Stream,
+    ) -> Result<ShardedArray<P, C>> {
+        let info = self.info(name)?;
+        let global = info.shape.clone();
+        let Some(axis) = sharded_axis::<P>(name, &global)? else {
+            let full = self.read(name, s)?;
+            return ShardedArray::from_local(full, comm, &global);
+        };
+        let dims: Vec<u64> = global.iter().map(|&d| d as u64).collect();
+        let outer: u64 = dims[..axis].iter().product();
+        let inner: u64 = dims[axis + 1..].iter().product::<u64>() * info.item_size() as u64;
+        let dim = dims[axis];
+        let ranges = shard_ranges(
+            name,
+            axis,
+            dim as usize,
+            segments,
+            (comm.rank(), comm.size()),
+        )?;
+        // For each index before the axis, each kept range along it.
+        let mut reads: Vec<(u64, u64)> = Vec::new();
+        for o in 0..outer {
+            for &(offset, len) in &ranges {
+                let start = info.begin + (o * dim + offset as u64) * inner;
+                let bytes = len as u64 * inner;
+                match reads.last_mut() {
+                    Some((s0, n0)) if *s0 + *n0 == start => *n0 += bytes,
+                    _ if bytes > 0 => reads.push((start, bytes)),
+                    _ => {}
+                }
+            }
+        }
+        let bytes = self.read_ranges(name, &reads)?;
+        let mut local = global.clone();
+        local[axis] = ranges.iter().map(|r| r.1 as i32).sum();
+        let array = self.array(bytes, info.dtype, &local, s)?;
+        ShardedArray::from_local(array, comm, &global)
+    }
+
+    fn read_ranges(&self, name: &str, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        let mut bytes = vec![0u8; total as usize];
+        let mut at = 0usize;
+        let mut file = &self.file;
+        for &(start, len) in ranges {
+            file.seek(SeekFrom::Start(self.data_start + start))
+                .and_then(|_| file.read_exact(&mut bytes[at..at + len as usize]))
+                .map_err(|e| self.error(format!("cannot read tensor `{name}`: {e}")))?;
+            at += len as usize;
+        }
+        self.bytes_read.set(self.bytes_read.get() + total);
+        Ok(bytes)
+    }
+
+    fn array(&self, bytes: Vec<u8>, dtype: Dtype, shape: &[i32], s: &Stream) -> Result<Array> {
+        let raw = Array::from_slice(&bytes, &[bytes.len() as i32]);
+        Ok(raw.view_dtype(dtype, s)?.reshape(shape, s)?)
+    }
+}
+
+/// Writes `tensors` (name, array) to `path` as a safetensors file: to a
+/// temporary file beside it first, then renamed, so a reader never sees a
+/// half-written checkpoint. Call it on one rank (e.g. rank 0) with the
+/// full weights from `gather_full`.
+///
+/// # Errors
+/// An empty or repeated name, a dtype the format has no name for here
+/// (the supported ones are listed), or a failed write.
+pub fn save<N: AsRef<str>>(
+    path: impl AsRef<Path>,
+    tensors: &[(N, Array)],
+    s: &Stream,
+) -> Result<()> {
+    let path = path.as_ref();
+    let fail = |message: String| Error::Checkpoint {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut data = Vec::with_capacity(tensors.len());
+    for (name, array) in tensors {
+        let name = name.as_ref();
+        if name.is_empty() || name == "__metadata__" || !seen.insert(name) {
+            return Err(fail(format!(
+                "cannot save a tensor named {name:?}: names must be non-empty, unique and not __metadata__"
+            )));
+        }
+        if format::dtype_name(array.dtype()).is_none() {
+            return Err(fail(format!(
+                "cannot save tensor `{name}` of dtype {:?}; supported: BOOL, U8, U16, U32, U64, I8, I16, I32, I64, F16, BF16, F32",
+                array.dtype()
+            )));
+        }
+        let flat = array.contiguous(false, s)?.reshape(&[-1], s)?;
+        let bytes = flat.view_dtype(Dtype::Uint8, s)?;
+        crate::eval(&[&bytes])?;
+        let bytes = bytes
+            .into_evaluated()?
+            .try_to_vec::<u8>()
+            .map_err(|e| fail(e.to_string()))?;
+        data.push((name, array.dtype(), array.shape().to_vec(), bytes));
+    }
+    let entries: Vec<(&str, Dtype, &[i32], u64)> = data
+        .iter()
+        .map(|(n, d, shape, b)| (*n, *d, shape.as_slice(), b.len() as u64))
+        .collect();
+    let header = format::header(&entries);
+    let temporary = path.with_extension(format!("{}.partial", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut file = std::io::BufWriter::new(File::create(&temporary)?);
+        file.write_all(&(header.len() as u64).to_le_bytes())?;
+        file.write_all(&header)?;
+        for (.., bytes) in &data {
+            file.write_all(bytes)?;
+        }
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&temporary, path)
+    };
+    write().map_err(|e| {
+        std::fs::remove_file(&temporary).ok();
+        io_error(path, "cannot write", &e)
+    })
+}

@@ -1,0 +1,44 @@
+//! `cargo xtask bench collectives|layers`: benchmarks run through the
+//! launcher, writing JSON lines under `target/bench/`.
+
+mod collectives;
+mod layers;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::{cmd, setup, tasks};
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("collectives") | None => collectives::run(),
+        Some("layers") => layers::run(),
+        Some(other) => Err(format!(
+            "unknown benchmark {other:?}; expected: collectives or layers"
+        )),
+    }
+}
+
+/// Installs what is missing, builds the examples and the launcher, and
+/// empties `target/bench/NAME`: the release directory and that file.
+fn prepare(name: &str) -> Result<(PathBuf, PathBuf), String> {
+    setup::run()?;
+    let release = tasks::build_examples_and_launcher()?;
+    let out_dir = cmd::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let out = out_dir.join(name);
+    std::fs::write(&out, "").map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    Ok((release, out))
+}
+
+/// The JSON lines of `path`.
+fn read_rows(path: &Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("bad bench line {l:?}: {e}")))
+        .collect()
+}
