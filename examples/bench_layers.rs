@@ -202,43 +202,30 @@ fn dense_step<'a>(c: &'a Config, inputs: &'a Inputs, s: &'a Stream) -> Step<'a> 
     })
 }
 
-/// A step's wall time on the slowest rank: the ranks start together (a
-/// barrier before each step), each times its forward, and the maximum is
-/// taken.
-fn slowest(group: Option<&Group>, seconds: f64, s: &Stream) -> Result<f64, String> {
-    let Some(group) = group else {
-        return Ok(seconds);
-    };
-    let t = Array::from_slice(&[seconds as f32], &[1]);
-    let max = all_max(&t, group, s).map_err(err)?;
-    Ok(f64::from(
-        max.evaluated()
-            .map_err(err)?
-            .try_to_vec::<f32>()
-            .map_err(err)?[0],
-    ))
-}
-
-fn barrier(group: Option<&Group>, s: &Stream) -> Result<(), String> {
-    if let Some(group) = group {
-        let token = all_sum(&Array::from_slice(&[1f32], &[1]), group, s).map_err(err)?;
-        safemlx_dist::eval(&[&token]).map_err(err)?;
-    }
-    Ok(())
-}
-
-fn mean_over_ranks(group: Option<&Group>, value: f64, s: &Stream) -> Result<f64, String> {
+/// `value` combined over the ranks by `op` (`all_max`, `all_sum`); the
+/// value itself without a group.
+fn over_ranks(
+    group: Option<&Group>,
+    value: f64,
+    op: fn(&Array, &Group, &Stream) -> safemlx_dist::Result<Array>,
+    s: &Stream,
+) -> Result<f64, String> {
     let Some(group) = group else {
         return Ok(value);
     };
-    let t = Array::from_slice(&[value as f32], &[1]);
-    let sum = all_sum(&t, group, s).map_err(err)?;
-    let total = sum
+    let combined = op(&Array::from_slice(&[value as f32], &[1]), group, s).map_err(err)?;
+    safemlx_dist::eval(&[&combined]).map_err(err)?;
+    let values = combined
         .evaluated()
         .map_err(err)?
         .try_to_vec::<f32>()
-        .map_err(err)?[0];
-    Ok(f64::from(total) / group.size() as f64)
+        .map_err(err)?;
+    Ok(f64::from(values[0]))
+}
+
+/// Every rank waits here until all have arrived.
+fn barrier(group: Option<&Group>, s: &Stream) -> Result<(), String> {
+    over_ranks(group, 1.0, |a, g, s| all_sum(a, g, s), s).map(|_| ())
 }
 
 fn run() -> Result<(), String> {
@@ -271,7 +258,13 @@ fn run() -> Result<(), String> {
         barrier(group.as_ref(), &s)?;
         let started = Instant::now();
         step()?;
-        let t = slowest(group.as_ref(), started.elapsed().as_secs_f64(), &s)?;
+        // The step's time is the slowest rank's.
+        let t = over_ranks(
+            group.as_ref(),
+            started.elapsed().as_secs_f64(),
+            |a, g, s| all_max(a, g, s),
+            &s,
+        )?;
         if rank == 0 {
             eprintln!(
                 "{} {backend} x{n}: step {}/{}: {:.1} ms",
@@ -303,8 +296,18 @@ fn run() -> Result<(), String> {
         (0.0, 0.0)
     } else {
         (
-            mean_over_ranks(group.as_ref(), median(collective), &s)?,
-            mean_over_ranks(group.as_ref(), median(share), &s)?,
+            over_ranks(
+                group.as_ref(),
+                median(collective),
+                |a, g, s| all_sum(a, g, s),
+                &s,
+            )? / n as f64,
+            over_ranks(
+                group.as_ref(),
+                median(share),
+                |a, g, s| all_sum(a, g, s),
+                &s,
+            )? / n as f64,
         )
     };
     if rank != 0 {

@@ -118,17 +118,22 @@ pub fn checkpoint(
     Checkpoint::open(&path).map_err(|e| e.to_string())
 }
 
-/// With `--save PATH`: rank 0 writes `gathered` (every rank gathered its
-/// weights, which needs all of them) to `PATH`.
-pub fn save_requested(
+/// With `--save PATH`: every rank gathers its weights (a collective, so all
+/// take part) and rank 0 writes them to `PATH`, each name after `prefix`.
+pub fn save_requested<N: AsRef<str>>(
     group: &Group,
-    gather: impl FnOnce() -> Result<Vec<(String, Array)>, String>,
+    prefix: &str,
+    gather: impl FnOnce() -> safemlx_dist::Result<Vec<(N, Array)>>,
     stream: &Stream,
 ) -> Result<(), String> {
     let Some(path) = flag("--save") else {
         return Ok(());
     };
-    let gathered = gather()?;
+    let gathered: Vec<(String, Array)> = gather()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|(name, a)| (format!("{prefix}{}", name.as_ref()), a))
+        .collect();
     if group.rank() == 0 {
         save(&path, &gathered, stream).map_err(|e| e.to_string())?;
         println!("rank 0: saved the gathered weights to {path}");

@@ -91,15 +91,5 @@ fn run() -> Result<(), String> {
         )?;
         report_check(&format!("rank {rank}/{n}"), out.tokens.local(), &want)?;
     }
-    save_requested(
-        &group,
-        || {
-            let full = moe.gather_full(&s).map_err(err)?;
-            Ok(full
-                .into_iter()
-                .map(|(name, a)| (format!("moe.{name}"), a))
-                .collect())
-        },
-        &s,
-    )
+    save_requested(&group, "moe.", || moe.gather_full(&s), &s)
 }

@@ -78,15 +78,5 @@ fn run() -> Result<(), String> {
         let y = y.ok_or("no forward ran")?;
         report_check(&format!("rank {rank}/{n}"), y.local(), &want)?;
     }
-    save_requested(
-        &group,
-        || {
-            let full = mlp.gather_full(&s).map_err(err)?;
-            Ok(full
-                .into_iter()
-                .map(|(name, a)| (format!("mlp.{name}"), a))
-                .collect())
-        },
-        &s,
-    )
+    save_requested(&group, "mlp.", || mlp.gather_full(&s), &s)
 }

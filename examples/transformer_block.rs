@@ -122,5 +122,5 @@ fn run() -> Result<(), String> {
             &dense_block(&x, &read, &s)?,
         )?;
     }
-    save_requested(&group, || block.gather_full(PREFIX, &s).map_err(err), &s)
+    save_requested(&group, "", || block.gather_full(PREFIX, &s), &s)
 }

@@ -3,31 +3,19 @@
 //! `target/bench/collectives.jsonl`, then the targets' ratios.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use serde_json::Value;
 
-use super::{prepare, read_rows};
-use crate::cmd;
+use super::{finish, launch, prepare};
 
 pub fn run() -> Result<(), String> {
     let (release, out) = prepare("collectives.jsonl")?;
     for backend in ["ring", "mpi"] {
         for ranks in ["2", "4"] {
-            let mut launch = Command::new(release.join("safemlx-launch"));
-            launch
-                .args(["-n", ranks, "--backend", backend, "--timeout", "1200", "--"])
-                .arg(release.join("examples").join("bench"))
-                .args(["--backend", backend, "--out"])
-                .arg(&out)
-                // One BLAS thread per rank: each rank stands for one device.
-                .env("OPENBLAS_NUM_THREADS", "1");
-            cmd::run(launch)?;
+            launch(&release, (ranks, backend), "bench", &[], &out)?;
         }
     }
-    let rows = read_rows(&out)?;
-    println!("bench: {} measurements in {}", rows.len(), out.display());
-    report(&rows);
+    report(&finish(&out)?);
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::{prepare, read_rows};
+use super::{finish, launch, prepare};
 use crate::cmd;
 
 const LAYERS: [&str; 3] = ["mlp", "attention", "moe"];
@@ -34,20 +34,17 @@ pub fn run() -> Result<(), String> {
         }
         for backend in ["ring", "mpi"] {
             for ranks in ["1", "2", "4"] {
-                let mut launch = Command::new(release.join("safemlx-launch"));
-                launch
-                    .args(["-n", ranks, "--backend", backend, "--timeout", "1800", "--"])
-                    .arg(&program)
-                    .args(["--layer", layer, "--backend", backend, "--out"])
-                    .arg(&out)
-                    .env("OPENBLAS_NUM_THREADS", "1");
-                cmd::run(launch)?;
+                launch(
+                    &release,
+                    (ranks, backend),
+                    "bench_layers",
+                    &["--layer", layer],
+                    &out,
+                )?;
             }
         }
     }
-    let rows = read_rows(&out)?;
-    println!("bench: {} measurements in {}", rows.len(), out.display());
-    report(&rows);
+    report(&finish(&out)?);
     Ok(())
 }
 

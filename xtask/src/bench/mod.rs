@@ -5,6 +5,7 @@ mod collectives;
 mod layers;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -31,6 +32,34 @@ fn prepare(name: &str) -> Result<(PathBuf, PathBuf), String> {
     let out = out_dir.join(name);
     std::fs::write(&out, "").map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     Ok((release, out))
+}
+
+/// Runs `program ARGS --backend BACKEND --out OUT` as `ranks` ranks of
+/// `backend` through the launcher, one BLAS thread per rank: each rank
+/// stands for one device.
+fn launch(
+    release: &Path,
+    (ranks, backend): (&str, &str),
+    program: &str,
+    args: &[&str],
+    out: &Path,
+) -> Result<(), String> {
+    let mut launch = Command::new(release.join("safemlx-launch"));
+    launch
+        .args(["-n", ranks, "--backend", backend, "--timeout", "1800", "--"])
+        .arg(release.join("examples").join(program))
+        .args(args)
+        .args(["--backend", backend, "--out"])
+        .arg(out)
+        .env("OPENBLAS_NUM_THREADS", "1");
+    cmd::run(launch)
+}
+
+/// Reads back what the runs wrote and prints the count.
+fn finish(out: &Path) -> Result<Vec<Value>, String> {
+    let rows = read_rows(out)?;
+    println!("bench: {} measurements in {}", rows.len(), out.display());
+    Ok(rows)
 }
 
 /// The JSON lines of `path`.
