@@ -40,7 +40,7 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
 ///
 /// Cost: an all-reduce; with the ring algorithm each rank sends and receives
 /// about `2 * (size - 1) / size` times the input's bytes. On the ring backend
-/// messages of 1 to 8 MiB go through a ring reduce-scatter + all-gather built
+/// messages of 2 to 8 MiB go through a ring reduce-scatter + all-gather built
 /// from `send`/`recv`, which measured faster than MLX's op there at those
 /// sizes (see the group's [`Lowering`](crate::Lowering) and the book's table).
 pub fn all_sum(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
