@@ -232,9 +232,47 @@ impl Checkpoint {
     }
 
     fn array(&self, bytes: Vec<u8>, dtype: Dtype, shape: &[i32], s: &Stream) -> Result<Array> {
-        let raw = Array::from_slice(&bytes, &[bytes.len() as i32]);
-        Ok(raw.view_dtype(dtype, s)?.reshape(shape, s)?)
+        from_bytes(&bytes, dtype, shape, i32::MAX as usize, s)
     }
+}
+
+/// The array of `shape` and `dtype` whose row-major bytes are `bytes`.
+///
+/// The bytes travel as MLX arrays of `u8` viewed as `dtype`; an MLX
+/// dimension is an `i32`, so a part larger than `max_piece` bytes is built
+/// from pieces of whole rows (along axis 0), concatenated.
+fn from_bytes(
+    bytes: &[u8],
+    dtype: Dtype,
+    shape: &[i32],
+    max_piece: usize,
+    s: &Stream,
+) -> Result<Array> {
+    let piece = |bytes: &[u8], shape: &[i32]| -> Result<Array> {
+        let len =
+            i32::try_from(bytes.len()).map_err(|_| Error::ShapeOverflow { value: bytes.len() })?;
+        Ok(Array::from_slice(bytes, &[len])
+            .view_dtype(dtype, s)?
+            .reshape(shape, s)?)
+    };
+    if bytes.len() <= max_piece || shape.is_empty() {
+        return piece(bytes, shape);
+    }
+    let row_bytes =
+        shape[1..].iter().map(|&d| d as usize).product::<usize>() * format::item_size(dtype);
+    if row_bytes == 0 || row_bytes > max_piece {
+        return Err(Error::ShapeOverflow { value: row_bytes });
+    }
+    let rows_per_piece = max_piece / row_bytes;
+    let pieces = bytes
+        .chunks(rows_per_piece * row_bytes)
+        .map(|chunk| {
+            let mut piece_shape = shape.to_vec();
+            piece_shape[0] = (chunk.len() / row_bytes) as i32;
+            piece(chunk, &piece_shape)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(safemlx::ops::concatenate_axis(&pieces, 0, s)?)
 }
 
 /// Writes `tensors` (name, array) to `path` as a safetensors file: to a
@@ -299,4 +337,27 @@ pub fn save<N: AsRef<str>>(
         std::fs::remove_file(&temporary).ok();
         io_error(path, "cannot write", &e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safemlx::{Device, DeviceType};
+
+    #[test]
+    fn large_parts_are_built_from_pieces_of_whole_rows() {
+        let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
+        let values: Vec<f32> = (0..15).map(|v| v as f32).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Rows of 3 floats (12 bytes); pieces of at most 25 bytes: 2 rows each.
+        let array = from_bytes(&bytes, Dtype::Float32, &[5, 3], 25, &s).unwrap();
+        assert_eq!(array.shape(), [5, 3]);
+        let read = array.evaluated().unwrap().try_to_vec::<f32>().unwrap();
+        assert_eq!(read, values);
+        // A row larger than a piece cannot be split.
+        assert_eq!(
+            from_bytes(&bytes, Dtype::Float32, &[5, 3], 8, &s).unwrap_err(),
+            Error::ShapeOverflow { value: 12 }
+        );
+    }
 }
