@@ -29,11 +29,12 @@
 
 mod format;
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use safemlx::{Array, Dtype, Stream};
 
@@ -51,7 +52,7 @@ pub struct Checkpoint {
     file: File,
     data_start: u64,
     tensors: BTreeMap<String, TensorInfo>,
-    bytes_read: Cell<u64>,
+    bytes_read: AtomicU64,
 }
 
 fn io_error(path: &Path, what: &str, e: &std::io::Error) -> Error {
@@ -105,7 +106,7 @@ impl Checkpoint {
             file,
             data_start,
             tensors,
-            bytes_read: Cell::new(0),
+            bytes_read: AtomicU64::new(0),
         })
     }
 
@@ -144,7 +145,7 @@ impl Checkpoint {
     /// Tensor data bytes read so far (headers not counted): what
     /// [`read`](Self::read) and [`read_shard`](Self::read_shard) cost.
     pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.get()
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     fn error(&self, message: String) -> Error {
@@ -220,14 +221,14 @@ impl Checkpoint {
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         let mut bytes = vec![0u8; total as usize];
         let mut at = 0usize;
-        let mut file = &self.file;
         for &(start, len) in ranges {
-            file.seek(SeekFrom::Start(self.data_start + start))
-                .and_then(|_| file.read_exact(&mut bytes[at..at + len as usize]))
+            // Positioned reads: no shared cursor, so threads may share a checkpoint.
+            self.file
+                .read_exact_at(&mut bytes[at..at + len as usize], self.data_start + start)
                 .map_err(|e| self.error(format!("cannot read tensor `{name}`: {e}")))?;
             at += len as usize;
         }
-        self.bytes_read.set(self.bytes_read.get() + total);
+        self.bytes_read.fetch_add(total, Ordering::Relaxed);
         Ok(bytes)
     }
 
