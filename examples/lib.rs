@@ -1,5 +1,6 @@
 //! Helpers shared by the example programs: command-line options, a CPU
-//! stream, and printing arrays.
+//! stream, weights and checkpoints, timing, the `--check` report, and the
+//! dense reference math (`dense`).
 
 pub mod dense;
 
