@@ -388,3 +388,39 @@ fn uneven_shards_read_from_a_file_equal_shard_weight_at_1_to_4_ranks() {
             .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
     }
 }
+
+#[test]
+fn a_block_from_a_checkpoint_names_what_is_missing_or_wrong() {
+    let s = cpu();
+    let group = safemlx_dist::init(false, safemlx_dist::Backend::Any).expect("singleton");
+    let path = temp("incomplete-block");
+    let mut weights = block_weights(false);
+    weights.retain(|(name, _)| name != "layers.0.mlp.up");
+    save(&path, &weights, &s).expect("save");
+    let checkpoint = Checkpoint::open(&path).expect("open");
+    let shown = |e: safemlx_dist::Error| e.to_string().replace(&path.display().to_string(), "FILE");
+    let error = TransformerBlock::from_checkpoint(&group, 12, 2, &checkpoint, "layers.0.", &s)
+        .err()
+        .map(shown);
+    assert_eq!(
+        error.as_deref(),
+        Some("checkpoint FILE: has no tensor `layers.0.mlp.up`; it has: layers.0.attention.out, layers.0.attention.qkv, layers.0.attention_norm, layers.0.feed_forward_norm, layers.0.mlp.down, layers.0.mlp.gate")
+    );
+    let error = TransformerBlock::from_checkpoint(&group, 7, 2, &checkpoint, "layers.0.", &s)
+        .err()
+        .map(shown);
+    assert_eq!(
+        error.as_deref(),
+        Some("attention with 7 heads over a model dimension of 24: the head count must divide the dimension")
+    );
+    let error = TransformerBlock::from_checkpoint(&group, 12, 2, &checkpoint, "layers.1.", &s)
+        .err()
+        .map(shown);
+    assert!(
+        error.as_deref().is_some_and(
+            |e| e.starts_with("checkpoint FILE: has no tensor `layers.1.attention.out`")
+        ),
+        "{error:?}"
+    );
+    std::fs::remove_file(&path).ok();
+}
