@@ -1,16 +1,18 @@
-//! A transformer block (sharded attention + tensor-parallel SwiGLU MLP) on
-//! N ranks, loaded from a safetensors checkpoint (each rank reads only its
-//! heads and its MLP columns/rows), with timing and, with `--check`, the
-//! error against the same block computed densely in one process.
+//! A transformer block (sharded attention + tensor-parallel SwiGLU MLP or
+//! expert-parallel MoE) on N ranks, loaded from a safetensors checkpoint
+//! (each rank reads only its heads and its MLP columns/rows or experts),
+//! with timing and, with `--check`, the error against the same block
+//! computed densely in one process.
 //!
 //! ```text
 //! safemlx-launch -n 4 -- target/release/examples/transformer_block --check
-//!     [--sequence-parallel] [--checkpoint FILE] [--save FILE]
+//!     [--sequence-parallel] [--moe] [--checkpoint FILE] [--save FILE]
 //! ```
 //!
 //! Without `--checkpoint`, rank 0 writes a random one with the tensors
-//! `TransformerBlock::from_checkpoint` reads under `layers.0.`.
-//! `--sequence-parallel` runs the block on rows split across ranks.
+//! `TransformerBlock::from_checkpoint` reads under `layers.0.` (with
+//! `--moe`, an expert-parallel MoE of 8 experts, top-2, instead of the
+//! MLP). `--sequence-parallel` runs the block on rows split across ranks.
 
 use std::process::ExitCode;
 
@@ -26,6 +28,8 @@ const TOKENS: i32 = 64;
 const DIM: i32 = 64;
 const HEADS: i32 = 8;
 const HIDDEN: i32 = 256;
+const EXPERTS: i32 = 8;
+const TOP_K: usize = 2;
 const PREFIX: &str = "layers.0.";
 
 fn main() -> ExitCode {
@@ -36,25 +40,34 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-fn random_block() -> Vec<(String, Array)> {
-    [
+/// A random block: attention, norms, and an MLP or (`moe`) a mixture of
+/// experts.
+fn random_block(moe: bool) -> Vec<(String, Array)> {
+    let mut w = vec![
         ("attention.qkv", weights(&[DIM, 3 * DIM], 1, 0.1)),
         ("attention.out", weights(&[DIM, DIM], 2, 0.1)),
-        ("mlp.gate", weights(&[DIM, HIDDEN], 3, 0.1)),
-        ("mlp.up", weights(&[DIM, HIDDEN], 4, 0.1)),
-        ("mlp.down", weights(&[HIDDEN, DIM], 5, 0.1)),
         ("attention_norm", weights(&[DIM], 6, 1.0)),
         ("feed_forward_norm", weights(&[DIM], 7, 1.0)),
-    ]
-    .into_iter()
-    .map(|(name, w)| (format!("{PREFIX}{name}"), w))
-    .collect()
+    ];
+    if moe {
+        w.push(("moe.router", weights(&[DIM, EXPERTS], 8, 0.5)));
+        w.push(("moe.w1", weights(&[EXPERTS, DIM, HIDDEN], 9, 0.1)));
+        w.push(("moe.w2", weights(&[EXPERTS, HIDDEN, DIM], 10, 0.1)));
+    } else {
+        w.push(("mlp.gate", weights(&[DIM, HIDDEN], 3, 0.1)));
+        w.push(("mlp.up", weights(&[DIM, HIDDEN], 4, 0.1)));
+        w.push(("mlp.down", weights(&[HIDDEN, DIM], 5, 0.1)));
+    }
+    w.into_iter()
+        .map(|(name, w)| (format!("{PREFIX}{name}"), w))
+        .collect()
 }
 
 /// The same block on one process with plain MLX ops: the reference.
 fn dense_block(
     x: &Array,
     w: &dyn Fn(&str) -> Result<Array, String>,
+    moe: bool,
     s: &Stream,
 ) -> Result<Array, String> {
     let eps = safemlx_dist::nn::DEFAULT_EPS;
@@ -68,8 +81,19 @@ fn dense_block(
     )?;
     let h = x.add(&attn, s).map_err(err)?;
     let normed = rms_norm(&h, &w("feed_forward_norm")?, eps, s).map_err(err)?;
-    let mlp = dense::swiglu(&normed, &w("mlp.gate")?, &w("mlp.up")?, &w("mlp.down")?, s)?;
-    h.add(&mlp, s).map_err(err)
+    let ff = if moe {
+        dense::moe(
+            &normed,
+            &w("moe.router")?,
+            &w("moe.w1")?,
+            &w("moe.w2")?,
+            TOP_K,
+            s,
+        )?
+    } else {
+        dense::swiglu(&normed, &w("mlp.gate")?, &w("mlp.up")?, &w("mlp.down")?, s)?
+    };
+    h.add(&ff, s).map_err(err)
 }
 
 fn run() -> Result<(), String> {
@@ -77,14 +101,34 @@ fn run() -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
-    let file = checkpoint("transformer_block", &group, random_block, &s)?;
-    let block = TransformerBlock::from_checkpoint(&group, HEADS as usize, 2, &file, PREFIX, &s)
+    let want_moe = std::env::args().any(|a| a == "--moe");
+    let name = if want_moe {
+        "transformer_block_moe"
+    } else {
+        "transformer_block"
+    };
+    let file = checkpoint(name, &group, || random_block(want_moe), &s)?;
+    let block = TransformerBlock::from_checkpoint(&group, HEADS as usize, TOP_K, &file, PREFIX, &s)
         .map_err(err)?;
+    // The checkpoint decides: an MoE block when it has a router.
+    let moe = file.contains(&format!("{PREFIX}moe.router"));
     let dim = file
         .info(&format!("{PREFIX}attention.out"))
         .map_err(err)?
         .shape[0];
-    let hidden = file.info(&format!("{PREFIX}mlp.down")).map_err(err)?.shape[0];
+    let feed_forward = if moe {
+        let experts = file
+            .info(&format!("{PREFIX}moe.router"))
+            .map_err(err)?
+            .shape[1];
+        format!(
+            "{experts} experts ({} here, top-{TOP_K})",
+            experts as usize / n
+        )
+    } else {
+        let hidden = file.info(&format!("{PREFIX}mlp.down")).map_err(err)?.shape[0];
+        format!("hidden {hidden} ({} here)", hidden as usize / n)
+    };
     let x = weights(&[TOKENS, dim], 8, 1.0);
     let xr = ShardedArray::replicated(x.clone(), &group);
     let rows = xr.clone().shard::<0>(&s).map_err(err)?;
@@ -105,10 +149,9 @@ fn run() -> Result<(), String> {
         Ok(())
     })?;
     println!(
-        "rank {rank}/{n}: block [{TOKENS}, {dim}]{}, {HEADS} heads ({} here), hidden {hidden} ({} here), {} KiB read: {:.2} ms, {:.0} tokens/s",
+        "rank {rank}/{n}: block [{TOKENS}, {dim}]{}, {HEADS} heads ({} here), {feed_forward}, {} KiB read: {:.2} ms, {:.0} tokens/s",
         if sequence_parallel { ", sequence parallel" } else { "" },
         HEADS as usize / n,
-        hidden as usize / n,
         file.bytes_read() / 1024,
         seconds * 1e3,
         TOKENS as f64 / seconds
@@ -119,7 +162,7 @@ fn run() -> Result<(), String> {
         report_check(
             &format!("rank {rank}/{n}"),
             y.local(),
-            &dense_block(&x, &read, &s)?,
+            &dense_block(&x, &read, moe, &s)?,
         )?;
     }
     save_requested(&group, "", || block.gather_full(PREFIX, &s), &s)
