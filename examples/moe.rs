@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! safemlx-launch -n 2 -- target/release/examples/moe --check
-//!     [--checkpoint FILE] [--save FILE]
+//!     [--checkpoint FILE [--prefix P]] [--save FILE]
 //! ```
 //!
 //! Without `--checkpoint`, rank 0 writes a random one (tensors
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use safemlx_dist::nn::ExpertParallelMoe;
 use safemlx_dist::{init, Ragged, ShardedArray};
 use safemlx_dist_examples::{
-    backend_from_args, check_requested, checkpoint, cpu_stream, dense, report_check,
+    backend_from_args, check_requested, checkpoint, cpu_stream, dense, flag, report_check,
     save_requested, time_steps, weights,
 };
 
@@ -36,26 +36,32 @@ fn run() -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
+    // Tensor names: PREFIX + field (`--prefix layers.0.moe.` reads a block's).
+    let prefix = flag("--prefix").unwrap_or_else(|| "moe.".to_owned());
     let file = checkpoint(
         "moe",
         &group,
         || {
             vec![
-                ("moe.router".to_owned(), weights(&[DIM, EXPERTS], 1, 0.5)),
+                (format!("{prefix}router"), weights(&[DIM, EXPERTS], 1, 0.5)),
                 (
-                    "moe.w1".to_owned(),
+                    format!("{prefix}w1"),
                     weights(&[EXPERTS, DIM, HIDDEN], 2, 0.05),
                 ),
                 (
-                    "moe.w2".to_owned(),
+                    format!("{prefix}w2"),
                     weights(&[EXPERTS, HIDDEN, DIM], 3, 0.05),
                 ),
             ]
         },
         &s,
     )?;
-    let moe = ExpertParallelMoe::from_checkpoint(&group, TOP_K, &file, "moe.", &s).map_err(err)?;
-    let router = file.info("moe.router").map_err(err)?.shape.clone();
+    let moe = ExpertParallelMoe::from_checkpoint(&group, TOP_K, &file, &prefix, &s).map_err(err)?;
+    let router = file
+        .info(&format!("{prefix}router"))
+        .map_err(err)?
+        .shape
+        .clone();
     let (dim, experts) = (router[0], router[1] as usize);
     // Every rank has its own tokens.
     let x = weights(&[TOKENS, dim], 10 + rank as u64, 1.0);
@@ -80,16 +86,9 @@ fn run() -> Result<(), String> {
         out.aux_loss
     );
     if check_requested() {
-        let read = |name: &str| file.read(name, &s).map_err(err);
-        let want = dense::moe(
-            &x,
-            &read("moe.router")?,
-            &read("moe.w1")?,
-            &read("moe.w2")?,
-            TOP_K,
-            &s,
-        )?;
+        let read = |name: &str| file.read(&format!("{prefix}{name}"), &s).map_err(err);
+        let want = dense::moe(&x, &read("router")?, &read("w1")?, &read("w2")?, TOP_K, &s)?;
         report_check(&format!("rank {rank}/{n}"), out.tokens.local(), &want)?;
     }
-    save_requested(&group, "moe.", || moe.gather_full(&s), &s)
+    save_requested(&group, &prefix, || moe.gather_full(&s), &s)
 }

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! safemlx-launch -n 2 -- target/release/examples/tp_mlp --check
-//!     [--checkpoint FILE] [--save FILE]
+//!     [--checkpoint FILE [--prefix P]] [--save FILE]
 //! ```
 //!
 //! Without `--checkpoint`, rank 0 writes a random one (tensors `mlp.gate`
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use safemlx_dist::nn::SwiGluMlp;
 use safemlx_dist::{init, ShardedArray};
 use safemlx_dist_examples::{
-    backend_from_args, check_requested, checkpoint, cpu_stream, dense, report_check,
+    backend_from_args, check_requested, checkpoint, cpu_stream, dense, flag, report_check,
     save_requested, time_steps, weights,
 };
 
@@ -34,19 +34,21 @@ fn run() -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
+    // Tensor names: PREFIX + field (`--prefix layers.0.mlp.` reads a block's).
+    let prefix = flag("--prefix").unwrap_or_else(|| "mlp.".to_owned());
     let file = checkpoint(
         "tp_mlp",
         &group,
         || {
             vec![
-                ("mlp.gate".to_owned(), weights(&[DIM, HIDDEN], 1, 0.05)),
-                ("mlp.up".to_owned(), weights(&[DIM, HIDDEN], 2, 0.05)),
-                ("mlp.down".to_owned(), weights(&[HIDDEN, DIM], 3, 0.05)),
+                (format!("{prefix}gate"), weights(&[DIM, HIDDEN], 1, 0.05)),
+                (format!("{prefix}up"), weights(&[DIM, HIDDEN], 2, 0.05)),
+                (format!("{prefix}down"), weights(&[HIDDEN, DIM], 3, 0.05)),
             ]
         },
         &s,
     )?;
-    let mlp = SwiGluMlp::from_checkpoint(&group, &file, "mlp.", &s).map_err(err)?;
+    let mlp = SwiGluMlp::from_checkpoint(&group, &file, &prefix, &s).map_err(err)?;
     let layout = mlp.layout();
     let dim = layout[0].global_shape[0];
     let x = weights(&[TOKENS, dim], 4, 1.0);
@@ -67,16 +69,10 @@ fn run() -> Result<(), String> {
         TOKENS as f64 / seconds
     );
     if check_requested() {
-        let read = |name: &str| file.read(name, &s).map_err(err);
-        let want = dense::swiglu(
-            &x,
-            &read("mlp.gate")?,
-            &read("mlp.up")?,
-            &read("mlp.down")?,
-            &s,
-        )?;
+        let read = |name: &str| file.read(&format!("{prefix}{name}"), &s).map_err(err);
+        let want = dense::swiglu(&x, &read("gate")?, &read("up")?, &read("down")?, &s)?;
         let y = y.ok_or("no forward ran")?;
         report_check(&format!("rank {rank}/{n}"), y.local(), &want)?;
     }
-    save_requested(&group, "mlp.", || mlp.gather_full(&s), &s)
+    save_requested(&group, &prefix, || mlp.gather_full(&s), &s)
 }
