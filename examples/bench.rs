@@ -139,9 +139,10 @@ fn run() -> Result<(), String> {
         ),
         _ => None,
     };
-    let strategies: [(&str, Lowering); 3] = [
+    let strategies: [(&str, Lowering); 4] = [
         ("native", Lowering::Native),
         ("composed", Lowering::Composed),
+        ("all_to_all", Lowering::AllToAll),
         ("auto", Lowering::Auto),
     ];
     for (op_name, op, traffic) in ops() {

@@ -40,7 +40,7 @@ pub enum Error {
         size: i32,
     },
     /// `SAFEMLX_DIST_LOWERING` has an unknown value.
-    #[error("SAFEMLX_DIST_LOWERING must be native, composed or auto, got {value:?}")]
+    #[error("SAFEMLX_DIST_LOWERING must be native, composed, all_to_all or auto, got {value:?}")]
     InvalidLowering {
         /// The value found.
         value: String,

@@ -179,7 +179,7 @@ pub fn check_uneven_all_reduce(group: &Group, dtype: Dtype) {
 /// not depend on how a collective is carried.
 pub fn check_every_lowering(group: &Group) {
     use safemlx_dist::Lowering;
-    for lowering in [Lowering::Native, Lowering::Composed, Lowering::Auto] {
+    for lowering in Lowering::ALL {
         let group = group.with_lowering(lowering).expect("ranks agree");
         for dtype in [Dtype::Float32, Dtype::Int32] {
             println!("{lowering} {dtype:?}");

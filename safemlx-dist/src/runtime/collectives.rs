@@ -7,6 +7,7 @@
 use safemlx::{Array, Dtype, Stream};
 
 use super::composed::{self, Combine};
+use super::exchange;
 use super::group::Group;
 use super::lowering::{self, AllReducePlan, SumScatterPlan};
 use super::native::{self, Unary};
@@ -31,6 +32,9 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
     );
     match (plan, Combine::of(op)) {
         (AllReducePlan::Ring, Some(combine)) => composed::all_reduce(input, combine, group, stream),
+        (AllReducePlan::AllToAll, Some(combine)) => {
+            exchange::all_reduce(input, combine, group, stream)
+        }
         _ => native::unary(op, input, group.native(), stream),
     }
 }
@@ -40,9 +44,10 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
 ///
 /// Cost: an all-reduce; with the ring algorithm each rank sends and receives
 /// about `2 * (size - 1) / size` times the input's bytes. On the ring backend
-/// messages of 2 to 8 MiB go through a ring reduce-scatter + all-gather built
-/// from `send`/`recv`, which measured faster than MLX's op there at those
-/// sizes (see the group's [`Lowering`](crate::Lowering) and the book's table).
+/// messages of 1 to 2 MiB between 2 ranks go through two `all_to_all_v`
+/// exchanges, and of 2 to 8 MiB through a ring reduce-scatter + all-gather
+/// built from `send`/`recv`, which measured faster than MLX's op there (see
+/// the group's [`Lowering`](crate::Lowering) and the book's table).
 pub fn all_sum(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
     reduce(Unary::AllSum, input, group, stream.as_ref())
 }
@@ -80,8 +85,10 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
 ///
 /// Cost: each rank sends and receives about `(size - 1) / size` times the
 /// input's bytes, half of an [`all_sum`]. MLX 0.32 has this op only on NCCL;
-/// elsewhere it is a ring reduce-scatter of `send`/`recv` (ring backend) or
-/// MLX's `all_sum` followed by a slice (MPI, or the `native` lowering).
+/// elsewhere it is one `all_to_all_v` exchange and a local sum (ring at 2
+/// ranks up to 1 MiB, MPI from 256 KiB), a ring reduce-scatter of
+/// `send`/`recv` (ring otherwise) or MLX's `all_sum` followed by a slice
+/// (MPI below 256 KiB, or the `native` lowering).
 ///
 /// # Errors
 /// A scalar input, a negative dimension, or a first dimension that the group
@@ -94,12 +101,18 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     validate::sum_scatter(input.shape(), group.size())?;
     let stream = stream.as_ref();
     profile::timed(input, || {
-        match lowering::sum_scatter(group.lowering(), group.backend()) {
+        match lowering::sum_scatter(
+            group.lowering(),
+            group.backend(),
+            input.nbytes(),
+            group.size(),
+        ) {
             SumScatterPlan::Native => {
                 native::unary(Unary::SumScatter, input, group.native(), stream)
             }
             SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
             SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
+            SumScatterPlan::AllToAll => exchange::sum_scatter(input, group, stream),
         }
     })
 }

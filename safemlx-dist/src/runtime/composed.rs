@@ -57,7 +57,7 @@ impl Combine {
         }
     }
 
-    fn apply(self, a: &Array, b: &Array, stream: &Stream) -> Result<Array> {
+    pub(crate) fn apply(self, a: &Array, b: &Array, stream: &Stream) -> Result<Array> {
         Ok(match self {
             Self::Sum => a.add(b, stream)?,
             Self::Max => safemlx::ops::maximum(a, b, stream)?,

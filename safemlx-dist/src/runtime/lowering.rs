@@ -1,5 +1,6 @@
-//! Which algorithm carries a collective: MLX's native op or a composition of
-//! MLX's own `send`/`recv`, chosen per backend, group size and message size.
+//! Which algorithm carries a collective: MLX's native op, a composition of
+//! MLX's own `send`/`recv`, or one of MLX's `all_to_all_v`, chosen per
+//! backend, group size and message size.
 //!
 //! Every rank of a group must choose the same way, or their sends and
 //! receives do not pair up and the group deadlocks. The choice therefore
@@ -32,17 +33,27 @@ pub enum Lowering {
     /// MLX's MPI backend does not allow a send and a receive in flight at
     /// once from two threads.
     Composed,
+    /// Reductions as chunk exchanges with MLX's `all_to_all_v`: an
+    /// all-reduce is a reduce-scatter (one `all_to_all_v`, then a local
+    /// reduction) and an all-gather (a second `all_to_all_v`); a
+    /// `sum_scatter` is the first half. For benchmarks and tests; `auto`
+    /// uses it where it measured fastest.
+    AllToAll,
 }
 
 impl Lowering {
-    /// `auto`, `native` or `composed`.
+    /// `auto`, `native`, `composed` or `all_to_all`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Auto => "auto",
             Self::Native => "native",
             Self::Composed => "composed",
+            Self::AllToAll => "all_to_all",
         }
     }
+
+    /// Every lowering.
+    pub const ALL: [Self; 4] = [Self::Auto, Self::Native, Self::Composed, Self::AllToAll];
 
     /// A small code exchanged between ranks to check they agree.
     pub(crate) const fn code(self) -> i32 {
@@ -50,14 +61,13 @@ impl Lowering {
             Self::Auto => 0,
             Self::Native => 1,
             Self::Composed => 2,
+            Self::AllToAll => 3,
         }
     }
 
     /// The inverse of [`Lowering::code`].
     pub(crate) fn from_code(code: i32) -> Option<Self> {
-        [Self::Auto, Self::Native, Self::Composed]
-            .into_iter()
-            .find(|l| l.code() == code)
+        Self::ALL.into_iter().find(|l| l.code() == code)
     }
 
     /// `SAFEMLX_DIST_LOWERING`, or `auto` when unset.
@@ -82,7 +92,7 @@ impl FromStr for Lowering {
     type Err = Error;
 
     fn from_str(value: &str) -> Result<Self, Error> {
-        [Self::Auto, Self::Native, Self::Composed]
+        Self::ALL
             .into_iter()
             .find(|l| l.as_str() == value)
             .ok_or_else(|| Error::InvalidLowering {
@@ -98,6 +108,8 @@ pub(crate) enum AllReducePlan {
     Native,
     /// Ring reduce-scatter then ring all-gather, from `send`/`recv` to neighbours.
     Ring,
+    /// Reduce-scatter and all-gather, one `all_to_all_v` each.
+    AllToAll,
 }
 
 /// The algorithm of a `sum_scatter`.
@@ -109,23 +121,41 @@ pub(crate) enum SumScatterPlan {
     AllSumSlice,
     /// Ring reduce-scatter from `send`/`recv` to neighbours.
     Ring,
+    /// One `all_to_all_v` of the chunks, then a local sum.
+    AllToAll,
 }
 
-/// The ring backend's all-reduce sizes where the composition measured
-/// faster than MLX's op (4 MiB at 2 and 4 ranks; 2 MiB, between the 1 MiB
-/// where MLX's op won and the 4 MiB where the composition did, is not
-/// measured); below, MLX's op has the lower latency, above (16 and 64 MiB)
-/// its bandwidth wins. See the book's "Backends and lowerings" table.
-pub(crate) const RING_ALL_REDUCE_COMPOSED_BYTES: std::ops::RangeInclusive<usize> =
-    (2 << 20)..=(8 << 20);
+/// The ring backend's all-reduce sizes where the `send`/`recv` composition
+/// measured faster than MLX's op: 4 MiB at 2 and 4 ranks (above 2 MiB, up
+/// to 8 MiB); above, MLX's op has the bandwidth (16 and 64 MiB). See the
+/// book's "Backends and lowerings" table.
+fn ring_composition_wins(bytes: usize) -> bool {
+    bytes > (2 << 20) && bytes <= (8 << 20)
+}
+
+/// The ring backend's all-reduce sizes where the two `all_to_all_v`
+/// measured faster than MLX's op: 1 and 2 MiB at 2 ranks (median 1.4 ms
+/// against 4-6 ms at 1 MiB, 3.0-3.3 against 4.7-6.7 at 2 MiB); MLX's op wins
+/// below 1 MiB, at 4 ranks, and from 16 MiB.
+fn ring_all_to_all_wins(bytes: usize, size: usize) -> bool {
+    size == 2 && ((1 << 20)..=(2 << 20)).contains(&bytes)
+}
 
 /// Whether the compositions may run on `backend`: they need a send and a
 /// receive in flight at once from two threads. MLX's ring backend allows
 /// that; MLX initialises MPI without `MPI_THREAD_MULTIPLE`, and a blocked
 /// `MPI_Send` of a large message then never sees its peer's receive (a
 /// measured deadlock at 64 KiB), so MPI, and an unknown backend, stay native.
+/// The `all_to_all_v` exchanges are one MLX operation at a time and run on
+/// MPI too (see [`exchangeable`]).
 pub(crate) fn composable(backend: Backend) -> bool {
     backend == Backend::Ring
+}
+
+/// Whether the `all_to_all_v` exchanges may run on `backend`: they are one
+/// MLX operation at a time, so wherever MLX has `all_to_all_v` (ring, MPI).
+pub(crate) fn exchangeable(backend: Backend) -> bool {
+    matches!(backend, Backend::Ring | Backend::Mpi)
 }
 
 pub(crate) fn all_reduce(
@@ -135,26 +165,58 @@ pub(crate) fn all_reduce(
     bytes: usize,
     size: usize,
 ) -> AllReducePlan {
-    // The composition splits the elements into `size` chunks: it needs one each.
-    if elements < size || !composable(backend) {
+    // The compositions split the elements into `size` chunks: one each at least.
+    if elements < size {
+        return AllReducePlan::Native;
+    }
+    if lowering == Lowering::AllToAll && exchangeable(backend) {
+        return AllReducePlan::AllToAll;
+    }
+    if !composable(backend) {
         return AllReducePlan::Native;
     }
     match lowering {
         Lowering::Native => AllReducePlan::Native,
         Lowering::Composed => AllReducePlan::Ring,
-        Lowering::Auto => match backend {
-            Backend::Ring if RING_ALL_REDUCE_COMPOSED_BYTES.contains(&bytes) => AllReducePlan::Ring,
-            _ => AllReducePlan::Native,
-        },
+        Lowering::AllToAll => AllReducePlan::AllToAll,
+        Lowering::Auto if ring_all_to_all_wins(bytes, size) => AllReducePlan::AllToAll,
+        Lowering::Auto if ring_composition_wins(bytes) => AllReducePlan::Ring,
+        Lowering::Auto => AllReducePlan::Native,
     }
 }
 
-pub(crate) fn sum_scatter(lowering: Lowering, backend: Backend) -> SumScatterPlan {
+/// The ring backend's `sum_scatter` sizes where one `all_to_all_v` measured
+/// faster than the ring composition: up to 1 MiB at 2 ranks (0.1-0.8 ms
+/// against 0.5-3.8 ms); from 4 MiB, and at 4 ranks, the ring wins.
+fn ring_sum_scatter_all_to_all_wins(bytes: usize, size: usize) -> bool {
+    size == 2 && bytes <= (1 << 20)
+}
+
+/// The MPI `sum_scatter` sizes where one `all_to_all_v` measured faster
+/// than MLX's `all_sum` + slice: from 256 KiB (1.7-2x at 4 and 16 MiB, 2
+/// and 4 ranks); below, they are within noise of each other.
+fn mpi_sum_scatter_all_to_all_wins(bytes: usize) -> bool {
+    bytes >= (256 << 10)
+}
+
+pub(crate) fn sum_scatter(
+    lowering: Lowering,
+    backend: Backend,
+    bytes: usize,
+    size: usize,
+) -> SumScatterPlan {
     let native_has_it = backend == Backend::Nccl;
     match lowering {
         _ if native_has_it => SumScatterPlan::Native,
-        Lowering::Composed | Lowering::Auto if composable(backend) => SumScatterPlan::Ring,
-        _ => SumScatterPlan::AllSumSlice,
+        Lowering::AllToAll if exchangeable(backend) => SumScatterPlan::AllToAll,
+        Lowering::Auto if backend == Backend::Mpi && mpi_sum_scatter_all_to_all_wins(bytes) => {
+            SumScatterPlan::AllToAll
+        }
+        _ if !composable(backend) => SumScatterPlan::AllSumSlice,
+        Lowering::AllToAll => SumScatterPlan::AllToAll,
+        Lowering::Auto if ring_sum_scatter_all_to_all_wins(bytes, size) => SumScatterPlan::AllToAll,
+        Lowering::Composed | Lowering::Auto => SumScatterPlan::Ring,
+        Lowering::Native => SumScatterPlan::AllSumSlice,
     }
 }
 
@@ -164,13 +226,13 @@ mod tests {
 
     #[test]
     fn lowering_names_parse_and_bad_ones_are_explained() {
-        for l in [Lowering::Auto, Lowering::Native, Lowering::Composed] {
+        for l in Lowering::ALL {
             assert_eq!(l.as_str().parse::<Lowering>(), Ok(l));
             assert_eq!(Lowering::from_code(l.code()), Some(l));
         }
         assert_eq!(
             "fast".parse::<Lowering>().unwrap_err().to_string(),
-            "SAFEMLX_DIST_LOWERING must be native, composed or auto, got \"fast\""
+            "SAFEMLX_DIST_LOWERING must be native, composed, all_to_all or auto, got \"fast\""
         );
     }
 
@@ -180,12 +242,32 @@ mod tests {
         use SumScatterPlan as S;
         let mib = 1 << 20;
         assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Ring, mib / 8, mib / 2, 2),
+            A::Native
+        );
+        assert_eq!(
             all_reduce(Lowering::Auto, Backend::Ring, mib / 4, mib, 2),
+            A::AllToAll
+        );
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Ring, mib / 4, mib, 4),
             A::Native
         );
         assert_eq!(
             all_reduce(Lowering::Auto, Backend::Ring, mib, 4 * mib, 2),
             A::Ring
+        );
+        assert_eq!(
+            all_reduce(Lowering::AllToAll, Backend::Ring, 1024, 4096, 3),
+            A::AllToAll
+        );
+        assert_eq!(
+            all_reduce(Lowering::AllToAll, Backend::Mpi, 1024, 4096, 2),
+            A::AllToAll
+        );
+        assert_eq!(
+            all_reduce(Lowering::Auto, Backend::Mpi, mib / 4, mib, 2),
+            A::Native
         );
         assert_eq!(
             all_reduce(Lowering::Auto, Backend::Ring, 2 * mib, 8 * mib, 4),
@@ -223,15 +305,22 @@ mod tests {
             all_reduce(Lowering::Native, Backend::Ring, 1024, 4096, 2),
             A::Native
         );
-        assert_eq!(sum_scatter(Lowering::Auto, Backend::Ring), S::Ring);
-        assert_eq!(sum_scatter(Lowering::Auto, Backend::Mpi), S::AllSumSlice);
-        assert_eq!(sum_scatter(Lowering::Auto, Backend::Any), S::AllSumSlice);
-        assert_eq!(sum_scatter(Lowering::Native, Backend::Ring), S::AllSumSlice);
-        assert_eq!(sum_scatter(Lowering::Auto, Backend::Nccl), S::Native);
+        let ss = |lowering, backend, bytes, size| sum_scatter(lowering, backend, bytes, size);
+        assert_eq!(ss(Lowering::Auto, Backend::Ring, 16 * mib, 2), S::Ring);
+        assert_eq!(ss(Lowering::Auto, Backend::Ring, mib, 2), S::AllToAll);
+        assert_eq!(ss(Lowering::Auto, Backend::Ring, mib, 4), S::Ring);
+        assert_eq!(ss(Lowering::Auto, Backend::Mpi, mib / 8, 2), S::AllSumSlice);
+        assert_eq!(ss(Lowering::Auto, Backend::Mpi, 16 * mib, 2), S::AllToAll);
+        assert_eq!(ss(Lowering::Auto, Backend::Any, mib, 2), S::AllSumSlice);
+        assert_eq!(ss(Lowering::Native, Backend::Ring, mib, 2), S::AllSumSlice);
+        assert_eq!(ss(Lowering::Auto, Backend::Nccl, mib, 2), S::Native);
+        assert_eq!(ss(Lowering::Composed, Backend::Mpi, mib, 2), S::AllSumSlice);
+        assert_eq!(ss(Lowering::Composed, Backend::Ring, mib, 2), S::Ring);
         assert_eq!(
-            sum_scatter(Lowering::Composed, Backend::Mpi),
-            S::AllSumSlice
+            ss(Lowering::AllToAll, Backend::Ring, 16 * mib, 4),
+            S::AllToAll
         );
-        assert_eq!(sum_scatter(Lowering::Composed, Backend::Ring), S::Ring);
+        assert_eq!(ss(Lowering::AllToAll, Backend::Mpi, mib, 2), S::AllToAll);
+        assert_eq!(ss(Lowering::AllToAll, Backend::Any, mib, 2), S::AllSumSlice);
     }
 }

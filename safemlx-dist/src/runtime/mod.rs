@@ -5,6 +5,7 @@ mod backend;
 mod collectives;
 mod composed;
 mod eval;
+mod exchange;
 mod group;
 mod lowering;
 mod native;
