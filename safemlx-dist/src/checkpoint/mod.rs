@@ -41,6 +41,7 @@ use safemlx::{Array, Dtype, Stream};
 pub use format::TensorInfo;
 
 use crate::error::{Error, Result};
+use crate::typed::collective::slice_axis;
 use crate::typed::weights::{shard_ranges, sharded_axis};
 use crate::typed::{Collective, Placement, ShardedArray};
 
@@ -276,6 +277,28 @@ fn from_bytes(
     Ok(safemlx::ops::concatenate_axis(&pieces, 0, s)?)
 }
 
+/// The row-major bytes of `array`, read back through MLX arrays of `u8` of
+/// at most `max_piece` bytes each (an MLX dimension is an `i32`).
+fn to_bytes(array: &Array, max_piece: usize, s: &Stream) -> Result<Vec<u8>> {
+    let flat = array.contiguous(false, s)?.reshape(&[-1], s)?;
+    let item = format::item_size(array.dtype());
+    let per_piece = (max_piece / item).max(1);
+    let len = flat.size();
+    let mut bytes = Vec::with_capacity(len * item);
+    // One piece at least, so that an empty array is read (as nothing) too.
+    for start in (0..len.max(1)).step_by(per_piece) {
+        let count = per_piece.min(len - start);
+        let raw = slice_axis(&flat, 0, start, count, s)?.view_dtype(Dtype::Uint8, s)?;
+        crate::eval(&[&raw])?;
+        let read = raw
+            .into_evaluated()?
+            .try_to_vec::<u8>()
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        bytes.extend_from_slice(&read);
+    }
+    Ok(bytes)
+}
+
 /// Writes `tensors` (name, array) to `path` as a safetensors file: to a
 /// temporary file beside it first, then renamed, so a reader never sees a
 /// half-written checkpoint. Call it on one rank (e.g. rank 0) with the
@@ -309,13 +332,10 @@ pub fn save<N: AsRef<str>>(
                 array.dtype()
             )));
         }
-        let flat = array.contiguous(false, s)?.reshape(&[-1], s)?;
-        let bytes = flat.view_dtype(Dtype::Uint8, s)?;
-        crate::eval(&[&bytes])?;
-        let bytes = bytes
-            .into_evaluated()?
-            .try_to_vec::<u8>()
-            .map_err(|e| fail(e.to_string()))?;
+        let bytes = to_bytes(array, i32::MAX as usize, s).map_err(|e| match e {
+            Error::Shape(message) => fail(message),
+            other => other,
+        })?;
         data.push((name, array.dtype(), array.shape().to_vec(), bytes));
     }
     let entries: Vec<(&str, Dtype, &[i32], u64)> = data
@@ -346,7 +366,7 @@ mod tests {
     use safemlx::{Device, DeviceType};
 
     #[test]
-    fn large_parts_are_built_from_pieces_of_whole_rows() {
+    fn large_tensors_are_read_and_written_in_pieces() {
         let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
         let values: Vec<f32> = (0..15).map(|v| v as f32).collect();
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -355,6 +375,10 @@ mod tests {
         assert_eq!(array.shape(), [5, 3]);
         let read = array.evaluated().unwrap().try_to_vec::<f32>().unwrap();
         assert_eq!(read, values);
+        // And back, in pieces of at most 16 bytes (4 floats).
+        let array = Array::from_slice(&values, &[5, 3]);
+        assert_eq!(to_bytes(&array, 16, &s).unwrap(), bytes);
+        assert_eq!(to_bytes(&array, 1 << 20, &s).unwrap(), bytes);
         // A row larger than a piece cannot be split.
         assert_eq!(
             from_bytes(&bytes, Dtype::Float32, &[5, 3], 8, &s).unwrap_err(),

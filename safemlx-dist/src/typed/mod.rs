@@ -6,7 +6,7 @@
 //! ([`ShardedArray::redistribute`]); ops propagate placements by the tables
 //! in `ops.rs`, and what has no rule does not compile.
 
-mod collective;
+pub(crate) mod collective;
 mod mesh;
 mod ops;
 mod placement;
