@@ -241,70 +241,60 @@ mod tests {
         use AllReducePlan as A;
         use SumScatterPlan as S;
         let mib = 1 << 20;
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, mib / 8, mib / 2, 2),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, mib / 4, mib, 2),
-            A::AllToAll
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, mib / 4, mib, 4),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, mib, 4 * mib, 2),
-            A::Ring
-        );
-        assert_eq!(
-            all_reduce(Lowering::AllToAll, Backend::Ring, 1024, 4096, 3),
-            A::AllToAll
-        );
-        assert_eq!(
-            all_reduce(Lowering::AllToAll, Backend::Mpi, 1024, 4096, 2),
-            A::AllToAll
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Mpi, mib / 4, mib, 2),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, 2 * mib, 8 * mib, 4),
-            A::Ring
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, 4 * mib, 16 * mib, 4),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, 16 * mib, 64 * mib, 2),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Mpi, 1024, 4096, 4),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Auto, Backend::Ring, 1024, 4096, 2),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Composed, Backend::Mpi, 1024, 4096, 4),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Composed, Backend::Ring, 1024, 4096, 4),
-            A::Ring
-        );
-        assert_eq!(
-            all_reduce(Lowering::Composed, Backend::Ring, 3, 12, 4),
-            A::Native
-        );
-        assert_eq!(
-            all_reduce(Lowering::Native, Backend::Ring, 1024, 4096, 2),
-            A::Native
-        );
+        // (lowering, backend, elements, bytes, ranks, plan)
+        let all_reduce_cases = [
+            (
+                Lowering::Auto,
+                Backend::Ring,
+                mib / 8,
+                mib / 2,
+                2,
+                A::Native,
+            ),
+            (Lowering::Auto, Backend::Ring, mib / 4, mib, 2, A::AllToAll),
+            (Lowering::Auto, Backend::Ring, mib / 4, mib, 4, A::Native),
+            (Lowering::Auto, Backend::Ring, mib, 4 * mib, 2, A::Ring),
+            (
+                Lowering::AllToAll,
+                Backend::Ring,
+                1024,
+                4096,
+                3,
+                A::AllToAll,
+            ),
+            (Lowering::AllToAll, Backend::Mpi, 1024, 4096, 2, A::AllToAll),
+            (Lowering::Auto, Backend::Mpi, mib / 4, mib, 2, A::Native),
+            (Lowering::Auto, Backend::Ring, 2 * mib, 8 * mib, 4, A::Ring),
+            (
+                Lowering::Auto,
+                Backend::Ring,
+                4 * mib,
+                16 * mib,
+                4,
+                A::Native,
+            ),
+            (
+                Lowering::Auto,
+                Backend::Ring,
+                16 * mib,
+                64 * mib,
+                2,
+                A::Native,
+            ),
+            (Lowering::Auto, Backend::Mpi, 1024, 4096, 4, A::Native),
+            (Lowering::Auto, Backend::Ring, 1024, 4096, 2, A::Native),
+            (Lowering::Composed, Backend::Mpi, 1024, 4096, 4, A::Native),
+            (Lowering::Composed, Backend::Ring, 1024, 4096, 4, A::Ring),
+            (Lowering::Composed, Backend::Ring, 3, 12, 4, A::Native),
+            (Lowering::Native, Backend::Ring, 1024, 4096, 2, A::Native),
+        ];
+        for (lowering, backend, elements, bytes, size, plan) in all_reduce_cases {
+            assert_eq!(
+                all_reduce(lowering, backend, elements, bytes, size),
+                plan,
+                "{lowering} {backend} {bytes} bytes x{size}"
+            );
+        }
         let ss = |lowering, backend, bytes, size| sum_scatter(lowering, backend, bytes, size);
         assert_eq!(ss(Lowering::Auto, Backend::Ring, 16 * mib, 2), S::Ring);
         assert_eq!(ss(Lowering::Auto, Backend::Ring, mib, 2), S::AllToAll);
