@@ -157,17 +157,42 @@ pub fn report_check(label: &str, got: &Array, want: &Array) -> Result<(), String
             .map_err(|e| e.to_string())
     };
     let (got, want) = (read(got)?, read(want)?);
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_abs = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    let rel = max_abs / scale.max(1e-12);
+    let (max_abs, rel) = compare(&got, &want)?;
     println!("{label}: --check against the dense computation: max abs error {max_abs:.3e}, max relative error {rel:.3e}");
     if rel > 1e-4 {
         return Err(format!("relative error {rel:.3e} is above 1e-4"));
     }
     Ok(())
+}
+
+/// The maximum absolute error of `got` against `want` and that error
+/// relative to `want`'s largest magnitude. A NaN or infinity on either
+/// side is an error (a maximum built with `f32::max` would drop a NaN and
+/// report a perfect match for all-NaN output).
+pub fn compare(got: &[f32], want: &[f32]) -> Result<(f32, f32), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{} values computed but {} expected",
+            got.len(),
+            want.len()
+        ));
+    }
+    for (side, values) in [("computed", got), ("expected", want)] {
+        let bad = values.iter().filter(|v| !v.is_finite()).count();
+        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
+            return Err(format!(
+                "{bad} of {} {side} values are not finite (the first, at index {at}, is {})",
+                values.len(),
+                values[at]
+            ));
+        }
+    }
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let max_abs = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    Ok((max_abs, max_abs / scale.max(1e-12)))
 }
 
 /// Runs `step` once to warm up, then `iters` times; the mean seconds.
@@ -181,4 +206,21 @@ pub fn time_steps(
         step()?;
     }
     Ok(started.elapsed().as_secs_f64() / iters as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_check_sees_nan_and_infinity() {
+        assert_eq!(super::compare(&[1.0, 2.5], &[1.0, 2.0]), Ok((0.5, 0.25)));
+        assert_eq!(
+            super::compare(&[f32::NAN, f32::NAN], &[1.0, 2.0]),
+            Err("2 of 2 computed values are not finite (the first, at index 0, is NaN)".into())
+        );
+        assert_eq!(
+            super::compare(&[1.0, 2.0], &[1.0, f32::INFINITY]),
+            Err("1 of 2 expected values are not finite (the first, at index 1, is inf)".into())
+        );
+        assert!(super::compare(&[1.0], &[1.0, 2.0]).is_err());
+    }
 }

@@ -82,6 +82,15 @@ pub enum Error {
         /// What is wrong, naming the tensor where there is one.
         message: String,
     },
+    /// A model whose configuration, or whose weights against it, cannot be
+    /// run: the message names the file, the key or tensor, and the values.
+    #[error("model {path}: {message}")]
+    Model {
+        /// The model's file or directory.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The group size reported by MLX does not fit in `i32`.
     #[error("distributed group size does not fit in i32")]
     GroupSizeOverflow,

@@ -94,7 +94,54 @@ fn bad_arguments_exit_2_and_start_nothing() {
         std::env::temp_dir().join(format!("safemlx-launch-bad-{}.json", std::process::id()));
     std::fs::write(&bad_hostfile, r#"[["127.0.0.1:1"]]"#).unwrap();
     let bad_hostfile = bad_hostfile.display().to_string();
-    let cases: [(&[&str], &str); 6] = [
+    let temp = |name: &str, text: &str| {
+        let path =
+            std::env::temp_dir().join(format!("safemlx-launch-{name}-{}.json", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let port_zero = temp("port0", r#"[["127.0.0.1:0"], ["127.0.0.1:5001"]]"#);
+    let ipv6 = temp("ipv6", r#"[["[::1]:5000"], ["127.0.0.1:5001"]]"#);
+    let not_executable = temp("noexec", "#!/bin/sh\ntouch /tmp/never\n");
+    let directory = std::env::temp_dir().display().to_string();
+    let cases: [(&[&str], &str); 16] = [
+        (
+            &["-n", "2", "-n", "3", "sh", "-c", &touch],
+            "-n is given twice; give it once",
+        ),
+        (
+            &["-n", "2", "--backend", "ring", "--backend", "mpi", "sh", "-c", &touch],
+            "--backend is given twice; give it once",
+        ),
+        (
+            &["-n", "2", "--timeout", "1e20", "sh", "-c", &touch],
+            "--timeout 1e20 is longer than the 31536000 s (one year) a run may be given",
+        ),
+        (
+            &["-n", "18446744073709551615", "sh", "-c", &touch],
+            "-n 18446744073709551615 asks for more ranks than one machine can hold here: safemlx-launch starts at most 256 local ranks",
+        ),
+        (
+            &["-n", "10000", "--", "true"],
+            "-n 10000 asks for more ranks than one machine can hold here",
+        ),
+        (
+            &["-n", "2", &not_executable],
+            "is not executable (no x permission); give an executable file",
+        ),
+        (&["-n", "2", &directory], "is a directory; give an executable file"),
+        (
+            &["-n", "2", "--backend", "mpi", "--hostfile", "/no/such/file", "sh", "-c", &touch],
+            "--hostfile is a ring host list; under mpi the hosts come from mpirun",
+        ),
+        (
+            &["-n", "2", "--hostfile", &port_zero, "sh", "-c", &touch],
+            "has port 0; each rank listens on the port it is given",
+        ),
+        (
+            &["-n", "2", "--hostfile", &ipv6, "sh", "-c", &touch],
+            "is an IPv6 address; MLX's ring reads IPv4 ip:port addresses only",
+        ),
         (
             &["-n", "0", "sh", "-c", &touch],
             "the number of ranks must be at least 1, got 0",
@@ -176,27 +223,36 @@ fn gone(pid: u32) -> bool {
     }
 }
 
-#[test]
-fn ranks_exit_when_their_launcher_is_killed() {
-    const RANK: &str = "LAUNCH_CLI_WATCHDOG_RANK";
-    if std::env::var(RANK).is_ok() {
-        // A rank: join the group, say who we are, then wait "forever".
-        let group = safemlx_dist::init(true, safemlx_dist::Backend::Ring).expect("joins");
-        println!("pid {} rank {}", std::process::id(), group.rank());
-        std::thread::sleep(Duration::from_secs(60));
-        return;
-    }
+/// A rank of the watchdog tests: joins the group, keeps OpenBLAS's worker
+/// threads busy (their exit handler is what deadlocked `exit`), says who it
+/// is, then waits "forever".
+fn watchdog_rank(backend: safemlx_dist::Backend) {
+    let group = safemlx_dist::init(true, backend).expect("joins");
+    std::thread::spawn(|| {
+        let s =
+            safemlx::Stream::new_with_device(&safemlx::Device::new(safemlx::DeviceType::Cpu, 0));
+        let a = safemlx::Array::from_slice(&vec![0.5f32; 256 * 256], &[256, 256]);
+        loop {
+            let b = a.matmul(&a, &s).expect("matmul");
+            safemlx_dist::eval(&[&b]).expect("evaluates");
+        }
+    });
+    println!("pid {} rank {}", std::process::id(), group.rank());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Starts 2 ranks of [`watchdog_rank`] on `backend`, kills the launcher
+/// with `signal` once both ranks report, and checks that every process of
+/// the run (ranks, and under MPI mpirun and the wrapper shells) is gone
+/// within 5 s.
+fn launcher_killed(test: &str, backend: &str, signal: nix::sys::signal::Signal) {
     use std::io::BufRead;
     let exe = std::env::current_exe().expect("test binary");
     let mut launcher = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
-        .args(["-n", "2", "--"])
+        .args(["-n", "2", "--backend", backend, "--"])
         .arg(exe)
-        .args([
-            "ranks_exit_when_their_launcher_is_killed",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(RANK, "1")
+        .args([test, "--exact", "--nocapture"])
+        .env("LAUNCH_CLI_WATCHDOG_RANK", backend)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("safemlx-launch runs");
@@ -211,14 +267,97 @@ fn ranks_exit_when_their_launcher_is_killed() {
         .take(2)
         .collect();
     assert_eq!(pids.len(), 2, "both ranks reported");
-    launcher.kill().expect("SIGKILL the launcher");
-    launcher.wait().ok();
+    let mut everything = descendants(launcher.id());
+    everything.extend(&pids);
+    let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
+    nix::sys::signal::kill(pid, signal).expect("signals the launcher");
+    let status = launcher.wait().expect("the launcher is reaped");
+    if signal != nix::sys::signal::Signal::SIGKILL {
+        // Forwarded to the ranks, then the launcher exits as 128 + signal.
+        assert_eq!(
+            status.code(),
+            Some(128 + signal as i32),
+            "{backend}: {signal}"
+        );
+    }
     let started = Instant::now();
-    while !pids.iter().all(|&p| gone(p)) {
+    while !everything.iter().all(|&p| gone(p)) {
+        let left: Vec<u32> = everything.iter().copied().filter(|&p| !gone(p)).collect();
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "ranks {pids:?} outlived their launcher"
+            "{backend}: processes {left:?} outlived their launcher ({signal})"
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_mpi_rank_is_reported_by_its_signal() {
+    let script = r#"if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 0.5; kill -9 $$; fi; sleep 60"#;
+    let (out, took) = launch(&[
+        "-n",
+        "2",
+        "--backend",
+        "mpi",
+        "--timeout",
+        "30",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("rank 1 failed (signal: 9 (SIGKILL))"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+/// Every process below `pid`, from `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut found = vec![pid];
+    let mut at = 0;
+    while at < found.len() {
+        let p = found[at];
+        found.extend(all.iter().copied().filter(|&c| parent_of(c) == Some(p)));
+        at += 1;
+    }
+    found.remove(0);
+    found
+}
+
+#[test]
+fn ranks_exit_when_their_launcher_is_killed() {
+    use nix::sys::signal::Signal;
+    const TEST: &str = "ranks_exit_when_their_launcher_is_killed";
+    match std::env::var("LAUNCH_CLI_WATCHDOG_RANK").as_deref() {
+        Ok("ring") => return watchdog_rank(safemlx_dist::Backend::Ring),
+        Ok(_) => return watchdog_rank(safemlx_dist::Backend::Mpi),
+        Err(_) => {}
+    }
+    for signal in [
+        Signal::SIGKILL,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGKILL,
+    ] {
+        launcher_killed(TEST, "ring", signal);
+        launcher_killed(TEST, "mpi", signal);
     }
 }

@@ -24,9 +24,14 @@ pub fn host(a: &Array, s: &Stream) -> Vec<f32> {
         .expect("float32")
 }
 
-/// The largest absolute difference, relative to the largest reference value.
+/// The largest absolute difference, relative to the largest reference
+/// value; infinite when either side holds a NaN or an infinity (which
+/// `f32::max` would otherwise drop).
 pub fn max_relative_error(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len(), "sizes differ");
+    if got.iter().chain(want).any(|v| !v.is_finite()) {
+        return f32::INFINITY;
+    }
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     got.iter()
         .zip(want)

@@ -128,7 +128,7 @@ fn bad_files_are_named_with_what_is_wrong() {
         "checkpoint FILE: the header length is 1099511627776 bytes but the file has 2 bytes after it (and headers are at most 104857600 bytes); this is not a safetensors file"
     );
     assert!(open_error(&crafted("json", "{not json", 0))
-        .starts_with("checkpoint FILE: the header is not valid JSON ("));
+        .starts_with("checkpoint FILE: the header is not a valid JSON object ("));
     assert_eq!(
         open_error(&crafted(
             "fp8",
@@ -175,6 +175,81 @@ fn bad_files_are_named_with_what_is_wrong() {
     assert!(
         error.ends_with("cannot save a tensor named \"x\": names must be non-empty, unique and not __metadata__"),
         "{error}"
+    );
+}
+
+/// The format's rules: the data section is indexed entirely, without holes
+/// or overlaps; names are unique; `__metadata__` maps strings to strings.
+/// Each of these files opened without error before the rules were enforced.
+#[test]
+fn damaged_files_break_the_formats_rules_and_are_refused() {
+    let two = |a: [u64; 2], b: [u64; 2]| {
+        format!(
+            r#"{{"a":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}},"b":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}}}"#,
+            a[0], a[1], b[0], b[1]
+        )
+    };
+    assert_eq!(
+        open_error(&crafted("overlap", &two([0, 4], [2, 6]), 8)),
+        "checkpoint FILE: tensor `b` starts at byte 2 of the data, inside `a` (which ends at 4): tensors must not overlap"
+    );
+    assert_eq!(
+        open_error(&crafted("same", &two([0, 4], [0, 4]), 4)),
+        "checkpoint FILE: tensor `b` starts at byte 0 of the data, inside `a` (which ends at 4): tensors must not overlap"
+    );
+    assert_eq!(
+        open_error(&crafted("hole", &two([0, 4], [8, 12]), 12)),
+        "checkpoint FILE: tensor `b` starts at byte 8 of the data, leaving bytes 4..8 after tensor `a` unused: the tensors must cover the data without holes"
+    );
+    assert_eq!(
+        open_error(&crafted("trailing", &two([0, 4], [4, 8]), 9)),
+        "checkpoint FILE: the tensors cover 8 bytes of data but the file holds 9 after the header: 1 trailing bytes (a wrong header length shifts every tensor)"
+    );
+    assert_eq!(
+        open_error(&crafted(
+            "duplicate",
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
+            8
+        )),
+        "checkpoint FILE: tensor `a` appears twice in the header"
+    );
+    assert_eq!(
+        open_error(&crafted(
+            "metadata",
+            r#"{"__metadata__":{"format":1},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+            4
+        )),
+        "checkpoint FILE: its __metadata__ is {\"format\":1}, not a map of strings to strings"
+    );
+
+    // A real file whose header length is one byte short: before, every
+    // tensor came back shifted by one byte (-0.0068 read as -6.4e19).
+    let s = cpu();
+    let path = temp("one-short");
+    save(
+        &path,
+        &[("w", Array::from_slice(&[-0.0068f32, 1.5], &[2]))],
+        &s,
+    )
+    .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    bytes[..8].copy_from_slice(&(len - 1).to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let error = open_error(&path);
+    assert!(
+        error.ends_with("1 trailing bytes (a wrong header length shifts every tensor)")
+            || error.contains("not a valid JSON object"),
+        "{error}"
+    );
+
+    // A FIFO: `open` would block until a writer came.
+    let fifo = temp("fifo");
+    std::fs::remove_file(&fifo).ok();
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    assert_eq!(
+        open_error(&fifo),
+        "checkpoint FILE: is not a regular file (it is a FIFO); give a safetensors file"
     );
 }
 

@@ -6,7 +6,8 @@
 //!
 //! Exit status: 0 when every rank succeeded; 1 when a rank failed or the
 //! timeout passed (the message names the ranks); 2 for bad arguments, in
-//! which case nothing was started.
+//! which case nothing was started; 128 + N after signal N (SIGTERM,
+//! SIGINT), which is forwarded to every rank before the launcher exits.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,11 +15,24 @@ use std::time::Duration;
 use safemlx_dist::launch::{Launch, LaunchError};
 use safemlx_dist::Backend;
 
+/// The longest `--timeout` accepted: a year.
+const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 const USAGE: &str = "usage: safemlx-launch -n N [--backend ring|mpi] [--hostfile FILE] [--timeout SECONDS] [--] PROGRAM [ARGS...]";
+
+/// Keeps the first value of an option; a second one is an error (the
+/// user meant one of them, and silently taking the last hides which).
+fn once<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), String> {
+    if slot.is_some() {
+        return Err(format!("{flag} is given twice; give it once"));
+    }
+    *slot = Some(value);
+    Ok(())
+}
 
 fn parse(args: &[String]) -> Result<Launch, String> {
     let mut ranks = None;
-    let mut backend = Backend::Ring;
+    let mut backend = None;
     let mut hostfile = None;
     let mut timeout = None;
     let mut i = 0;
@@ -33,27 +47,40 @@ fn parse(args: &[String]) -> Result<Launch, String> {
         match arg {
             "-n" | "--ranks" => {
                 let v = value(arg)?;
-                ranks = Some(
-                    v.parse::<usize>()
-                        .map_err(|_| format!("-n takes a number of ranks, got {v:?}"))?,
-                );
+                let n = v
+                    .parse::<usize>()
+                    .map_err(|_| format!("-n takes a number of ranks, got {v:?}"))?;
+                once(&mut ranks, "-n", n)?;
             }
             "--backend" => {
-                backend = value(arg)?
+                let b: Backend = value(arg)?
                     .parse()
-                    .map_err(|e: safemlx_dist::Error| e.to_string())?
+                    .map_err(|e: safemlx_dist::Error| e.to_string())?;
+                once(&mut backend, "--backend", b)?;
             }
-            "--hostfile" => hostfile = Some(value(arg)?),
+            "--hostfile" => {
+                let path = value(arg)?;
+                once(&mut hostfile, "--hostfile", path)?;
+            }
             "--timeout" => {
                 let v = value(arg)?;
-                let seconds = v
+                let t = v
                     .parse::<f64>()
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
                     .ok_or_else(|| {
                         format!("--timeout takes a positive number of seconds, got {v:?}")
                     })?;
-                timeout = Some(Duration::from_secs_f64(seconds));
+                let t = Duration::try_from_secs_f64(t)
+                    .ok()
+                    .filter(|d| *d <= MAX_TIMEOUT)
+                    .ok_or_else(|| {
+                        format!(
+                            "--timeout {v} is longer than the {} s (one year) a run may be given; leave --timeout out for no limit",
+                            MAX_TIMEOUT.as_secs()
+                        )
+                    })?;
+                once(&mut timeout, "--timeout", t)?;
             }
             "-h" | "--help" => return Err(String::new()),
             "--" => {
@@ -68,7 +95,8 @@ fn parse(args: &[String]) -> Result<Launch, String> {
     let ranks = ranks.ok_or("-n N is required")?;
     let (program, program_args) = args[i..].split_first().ok_or("no PROGRAM given")?;
     let mut launch = Launch::new(ranks, program)
-        .backend(backend)
+        .backend(backend.unwrap_or(Backend::Ring))
+        .forward_signals(true)
         .args(program_args);
     if let Some(path) = hostfile {
         launch = launch.hostfile(path);
@@ -94,6 +122,10 @@ fn main() -> ExitCode {
     };
     match launch.run() {
         Ok(_) => ExitCode::SUCCESS,
+        Err(error @ LaunchError::Interrupted { signal, .. }) => {
+            eprintln!("safemlx-launch: {error}");
+            ExitCode::from(u8::try_from(128 + signal).unwrap_or(1))
+        }
         Err(error) => {
             eprintln!("safemlx-launch: {error}");
             let started = matches!(

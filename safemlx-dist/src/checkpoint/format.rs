@@ -68,23 +68,103 @@ pub(super) fn item_size(dtype: Dtype) -> usize {
     }
 }
 
+/// A JSON object's entries in file order, duplicates kept (serde_json's
+/// `Map` keeps only the last of repeated keys, which would hide them).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
 /// The tensors of a header, checked against a data section of `data_len`
-/// bytes; the error says what is wrong, naming the tensor.
+/// bytes by the format's rules: every entry well formed, names unique, a
+/// `__metadata__` (if any) a map of strings, and the tensors' byte ranges
+/// covering the data section exactly, without holes, overlaps or trailing
+/// bytes. The error says what is wrong, naming the tensor.
 pub(super) fn parse(header: &[u8], data_len: u64) -> Result<BTreeMap<String, TensorInfo>, String> {
-    let json: Value = serde_json::from_slice(header)
-        .map_err(|e| format!("the header is not valid JSON ({e})"))?;
-    let Value::Object(entries) = json else {
-        return Err("the header is not a JSON object".to_owned());
-    };
+    let Entries(entries) = serde_json::from_slice(header)
+        .map_err(|e| format!("the header is not a valid JSON object ({e})"))?;
     let mut tensors = BTreeMap::new();
     for (name, entry) in entries {
         if name == "__metadata__" {
+            // `null` is "no metadata" (MLX writes it; the reference reader
+            // takes it as an absent map).
+            let strings = entry.is_null()
+                || entry
+                    .as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string));
+            if !strings {
+                return Err(format!(
+                    "its __metadata__ is {entry}, not a map of strings to strings"
+                ));
+            }
             continue;
         }
         let info = tensor(&entry, data_len).map_err(|e| format!("tensor `{name}` {e}"))?;
-        tensors.insert(name, info);
+        if tensors.insert(name.clone(), info).is_some() {
+            return Err(format!("tensor `{name}` appears twice in the header"));
+        }
     }
+    check_coverage(&tensors, data_len)?;
     Ok(tensors)
+}
+
+/// The data section must be the tensors' bytes one after another: sorted
+/// by offset, each starts where the previous ends, the first at 0 and the
+/// last at the end of the file. A header one byte short, for instance,
+/// leaves one byte more of data than the offsets cover, and every tensor
+/// would otherwise be read shifted by that byte.
+fn check_coverage(tensors: &BTreeMap<String, TensorInfo>, data_len: u64) -> Result<(), String> {
+    let mut by_offset: Vec<(&String, &TensorInfo)> = tensors.iter().collect();
+    by_offset.sort_by_key(|(_, t)| (t.begin, t.end));
+    let mut at = 0u64;
+    let mut previous: Option<&String> = None;
+    for (name, info) in by_offset {
+        if info.begin < at {
+            let other = previous.map_or(String::new(), |p| format!("`{p}`"));
+            return Err(format!(
+                "tensor `{name}` starts at byte {} of the data, inside {other} (which ends at {at}): tensors must not overlap",
+                info.begin
+            ));
+        }
+        if info.begin > at {
+            let after = previous.map_or("the start of the data".to_owned(), |p| {
+                format!("tensor `{p}`")
+            });
+            return Err(format!(
+                "tensor `{name}` starts at byte {} of the data, leaving bytes {at}..{} after {after} unused: the tensors must cover the data without holes",
+                info.begin, info.begin
+            ));
+        }
+        at = info.end;
+        previous = Some(name);
+    }
+    if at != data_len {
+        return Err(format!(
+            "the tensors cover {at} bytes of data but the file holds {data_len} after the header: {} trailing bytes (a wrong header length shifts every tensor)",
+            data_len - at
+        ));
+    }
+    Ok(())
 }
 
 fn tensor(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {

@@ -63,6 +63,22 @@ fn io_error(path: &Path, what: &str, e: &std::io::Error) -> Error {
     }
 }
 
+/// What a non-regular file is, for the message.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "directory"
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
 impl Checkpoint {
     /// Opens `path` and reads its header (nothing else).
     ///
@@ -76,6 +92,14 @@ impl Checkpoint {
             path: path.display().to_string(),
             message,
         };
+        // Before `open`: opening a FIFO blocks until a writer comes.
+        let kind = std::fs::metadata(&path).map_err(|e| io_error(&path, "cannot open", &e))?;
+        if !kind.is_file() {
+            return Err(fail(format!(
+                "is not a regular file (it is a {}); give a safetensors file",
+                file_kind(&kind.file_type())
+            )));
+        }
         let mut file = File::open(&path).map_err(|e| io_error(&path, "cannot open", &e))?;
         let len = file
             .metadata()
@@ -216,6 +240,87 @@ impl Checkpoint {
         local[axis] = ranges.iter().map(|r| r.1 as i32).sum();
         let array = self.array(bytes, info.dtype, &local, s)?;
         ShardedArray::from_local(array, comm, &global)
+    }
+
+    /// Rows `ranges` (`(first, count)` along axis 0, in order) of tensor
+    /// `name`, concatenated: one contiguous read per range. What a layer
+    /// reads of a `[out, in]` weight whose output rows it splits (heads,
+    /// vocabulary rows, MLP rows), in whatever grouping it needs.
+    ///
+    /// # Errors
+    /// No such tensor, a scalar, a range past the last row, or a read that
+    /// fails; the message names the tensor.
+    pub fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        let info = self.info(name)?;
+        let Some(&rows) = info.shape.first() else {
+            return Err(self.error(format!(
+                "tensor `{name}` is a scalar; it has no rows to read"
+            )));
+        };
+        let rows = rows as usize;
+        let row_bytes =
+            info.shape[1..].iter().map(|&d| d as u64).product::<u64>() * info.item_size() as u64;
+        let mut reads = Vec::with_capacity(ranges.len());
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > rows) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {rows} rows; rows {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+            if count > 0 {
+                reads.push((
+                    info.begin + first as u64 * row_bytes,
+                    count as u64 * row_bytes,
+                ));
+            }
+        }
+        let bytes = self.read_ranges(name, &reads)?;
+        let mut shape = info.shape.clone();
+        shape[0] = ranges.iter().map(|r| r.1 as i32).sum();
+        self.array(bytes, info.dtype, &shape, s)
+    }
+
+    /// Columns `ranges` (`(first, count)` along axis 1, in order) of the
+    /// 2-D tensor `name`, concatenated: one read per row and range. What a
+    /// row-parallel layer reads of a `[out, in]` weight whose input columns
+    /// it splits.
+    ///
+    /// # Errors
+    /// No such tensor, a tensor that is not 2-D, a range past the last
+    /// column, or a read that fails; the message names the tensor.
+    pub fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        let info = self.info(name)?;
+        let &[rows, columns] = info.shape.as_slice() else {
+            return Err(self.error(format!(
+                "tensor `{name}` has shape {:?}; reading columns needs a 2-D tensor",
+                info.shape
+            )));
+        };
+        let (rows, columns) = (rows as u64, columns as usize);
+        let item = info.item_size() as u64;
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > columns) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {columns} columns; columns {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+        }
+        let mut reads: Vec<(u64, u64)> = Vec::new();
+        for row in 0..rows {
+            for &(first, count) in ranges.iter().filter(|r| r.1 > 0) {
+                let start = info.begin + (row * columns as u64 + first as u64) * item;
+                let bytes = count as u64 * item;
+                match reads.last_mut() {
+                    Some((s0, n0)) if *s0 + *n0 == start => *n0 += bytes,
+                    _ => reads.push((start, bytes)),
+                }
+            }
+        }
+        let bytes = self.read_ranges(name, &reads)?;
+        let width: i32 = ranges.iter().map(|r| r.1 as i32).sum();
+        self.array(bytes, info.dtype, &[rows as i32, width], s)
     }
 
     fn read_ranges(&self, name: &str, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {

@@ -75,8 +75,20 @@ impl RingHosts {
                         let s = a
                             .as_str()
                             .ok_or_else(|| format!("rank {rank}: {a} is not a string; {FORM}"))?;
-                        s.parse::<SocketAddr>()
-                            .map_err(|_| format!("rank {rank}: {s:?} is not an ip:port address"))
+                        let addr = s.parse::<SocketAddr>().map_err(|_| {
+                            format!("rank {rank}: {s:?} is not an ip:port address")
+                        })?;
+                        if addr.is_ipv6() {
+                            return Err(format!(
+                                "rank {rank}: {s:?} is an IPv6 address; MLX's ring reads IPv4 ip:port addresses only"
+                            ));
+                        }
+                        if addr.port() == 0 {
+                            return Err(format!(
+                                "rank {rank}: {s:?} has port 0; each rank listens on the port it is given, so give a real one"
+                            ));
+                        }
+                        Ok(addr)
                     })
                     .collect::<Result<Vec<_>, _>>()
             })
@@ -170,6 +182,14 @@ mod tests {
         assert_eq!(
             RingHosts::parse(r#"[["127.0.0.1:1"], ["nowhere"]]"#).unwrap_err(),
             "rank 1: \"nowhere\" is not an ip:port address"
+        );
+        assert_eq!(
+            RingHosts::parse(r#"[["127.0.0.1:1"], ["127.0.0.1:0"]]"#).unwrap_err(),
+            "rank 1: \"127.0.0.1:0\" has port 0; each rank listens on the port it is given, so give a real one"
+        );
+        assert_eq!(
+            RingHosts::parse(r#"[["[::1]:5000"], ["127.0.0.1:5001"]]"#).unwrap_err(),
+            "rank 0: \"[::1]:5000\" is an IPv6 address; MLX's ring reads IPv4 ip:port addresses only"
         );
         assert!(RingHosts::parse(r#"[["127.0.0.1:1"], []]"#)
             .unwrap_err()

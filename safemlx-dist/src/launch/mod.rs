@@ -9,9 +9,9 @@
 //! Every rank also gets `SAFEMLX_DIST_BACKEND` naming the backend. Output
 //! lines are prefixed `[rank K] `; when a rank fails every other rank is
 //! stopped (SIGTERM, then SIGKILL 2 s later) and the error names it; a timeout
-//! stops all ranks and names those still running. A ring rank that joined a
-//! group exits by itself when its launcher is gone (killed), so no rank
-//! outlives the run.
+//! stops all ranks and names those still running. A rank (ring or MPI) that
+//! joined a group exits by itself when its launcher is gone (killed), so no
+//! rank outlives the run.
 
 mod hostfile;
 mod mpi;
@@ -20,8 +20,9 @@ mod supervise;
 mod watchdog;
 
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,6 +56,25 @@ pub enum LaunchError {
         /// The program as given.
         program: PathBuf,
     },
+    /// The program exists but cannot be run.
+    #[error("program {program:?} {reason}; give an executable file")]
+    ProgramNotExecutable {
+        /// The program as found.
+        program: PathBuf,
+        /// Why it cannot run (a directory, no execute permission).
+        reason: String,
+    },
+    /// More ranks than this machine can hold.
+    #[error("-n {ranks} asks for more ranks than one machine can hold here: {reason}")]
+    TooManyRanks {
+        /// The ranks asked for.
+        ranks: usize,
+        /// The limit and where it comes from.
+        reason: String,
+    },
+    /// A hostfile given for the MPI backend, which does not read it.
+    #[error("--hostfile is a ring host list; under mpi the hosts come from mpirun (leave --hostfile out, or use --backend ring)")]
+    HostfileWithMpi,
     /// `mpirun` is not installed.
     #[error("mpirun was not found on PATH; install Open MPI (`cargo xtask setup` does)")]
     MpirunNotFound,
@@ -103,6 +123,14 @@ pub enum LaunchError {
         /// The ranks still running, e.g. `0, 2` (`all` under mpirun).
         running: String,
     },
+    /// The launcher got SIGTERM or SIGINT and stopped every rank.
+    #[error("got signal {signal} ({name}); every rank was stopped")]
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+        /// Its name, e.g. `SIGTERM`.
+        name: String,
+    },
     /// A file could not be written or a port reserved.
     #[error("{0}")]
     Io(String),
@@ -138,6 +166,7 @@ pub struct Launch {
     program: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    forward_signals: bool,
 }
 
 impl Launch {
@@ -151,6 +180,7 @@ impl Launch {
             program: program.into(),
             args: Vec::new(),
             env: Vec::new(),
+            forward_signals: false,
         }
     }
 
@@ -178,6 +208,16 @@ impl Launch {
         self
     }
 
+    /// On SIGTERM or SIGINT to this process, stop every rank (SIGTERM, then
+    /// SIGKILL after 2 s), remove the temporary hostfile and return
+    /// [`LaunchError::Interrupted`]. This installs process-wide handlers
+    /// for the two signals (what the `safemlx-launch` binary wants; a
+    /// library user may not).
+    pub fn forward_signals(mut self, yes: bool) -> Self {
+        self.forward_signals = yes;
+        self
+    }
+
     /// Sets an environment variable for every rank.
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         self.env.push((key.into(), value.into()));
@@ -194,12 +234,13 @@ impl Launch {
                 backend: self.backend,
             });
         }
-        if find_program(&self.program).is_none() {
-            return Err(LaunchError::ProgramNotFound {
-                program: PathBuf::from(&self.program),
-            });
-        }
+        max_local_ranks(self.ranks)?;
+        let program = find_program(&self.program).ok_or_else(|| LaunchError::ProgramNotFound {
+            program: PathBuf::from(&self.program),
+        })?;
+        check_executable(&program)?;
         match self.backend {
+            Backend::Mpi if self.hostfile.is_some() => Err(LaunchError::HostfileWithMpi),
             Backend::Mpi => {
                 if find_program(OsStr::new("mpirun")).is_none() {
                     return Err(LaunchError::MpirunNotFound);
@@ -220,11 +261,21 @@ impl Launch {
     /// for ranks that shut down cleanly; always nothing for ring).
     pub fn run(&self) -> Result<LaunchReport, LaunchError> {
         let hosts = self.validate()?;
+        let interrupt = Arc::new(AtomicUsize::new(0));
+        if self.forward_signals {
+            for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                signal_hook::flag::register_usize(signal, Arc::clone(&interrupt), signal as usize)
+                    .map_err(|e| LaunchError::Io(format!("cannot handle signal {signal}: {e}")))?;
+            }
+        }
         let mut env = self.env.clone();
         env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
+        if matches!(self.backend, Backend::Mpi) {
+            env.push((LAUNCHER_ENV.into(), watchdog::this_launcher().into()));
+        }
         match hosts {
-            Some(hosts) => self.run_ring(&hosts, env),
-            None => self.run_mpi(env),
+            Some(hosts) => self.run_ring(&hosts, env, &interrupt),
+            None => self.run_mpi(env, &interrupt),
         }
     }
 
@@ -232,6 +283,7 @@ impl Launch {
         &self,
         hosts: &RingHosts,
         env: Vec<(OsString, OsString)>,
+        interrupt: &AtomicUsize,
     ) -> Result<LaunchReport, LaunchError> {
         let file = hosts.write_temp()?;
         let commands = (0..self.ranks)
@@ -242,7 +294,7 @@ impl Launch {
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .env("MLX_RANK", rank.to_string())
                     .env("MLX_WORLD_SIZE", self.ranks.to_string())
-                    .env(LAUNCHER_ENV, std::process::id().to_string());
+                    .env(LAUNCHER_ENV, watchdog::this_launcher());
                 // MLX's ring does not form a ring of one: a single rank gets
                 // no hostfile and runs as the singleton group.
                 if self.ranks > 1 {
@@ -254,7 +306,7 @@ impl Launch {
             })
             .collect();
         let relabel: Relabel = Arc::new(|rank, line| format!("[rank {rank}] {line}"));
-        let outcome = supervise(commands, self.timeout, relabel)?;
+        let outcome = supervise(commands, self.timeout, interrupt, relabel)?;
         drop(file);
         match outcome {
             Outcome::Success => Ok(LaunchReport::default()),
@@ -269,10 +321,15 @@ impl Launch {
                     .collect::<Vec<_>>()
                     .join(", "),
             )),
+            Outcome::Interrupted { signal } => Err(interrupted(signal)),
         }
     }
 
-    fn run_mpi(&self, env: Vec<(OsString, OsString)>) -> Result<LaunchReport, LaunchError> {
+    fn run_mpi(
+        &self,
+        env: Vec<(OsString, OsString)>,
+        interrupt: &AtomicUsize,
+    ) -> Result<LaunchReport, LaunchError> {
         let command = mpi::command(self.ranks, &env, &self.program, &self.args);
         // mpirun's own (untagged) lines are kept to find the failed rank.
         let report = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -302,7 +359,7 @@ impl Launch {
                 .collect();
             pieces.join("\n")
         });
-        match supervise(vec![(0, command)], self.timeout, relabel)? {
+        match supervise(vec![(0, command)], self.timeout, interrupt, relabel)? {
             Outcome::Success => Ok(LaunchReport {
                 mpirun_messages: report
                     .lock()
@@ -318,7 +375,9 @@ impl Launch {
             Outcome::Failed { status, .. } => {
                 let lines = report.lock().map(|l| l.clone()).unwrap_or_default();
                 let reported = first_exit.lock().ok().and_then(|first| first.clone());
-                Err(match mpi::failed_rank(&lines).or(reported) {
+                // The wrapper's own report first: mpirun reports a rank
+                // killed by a signal as the wrapper's exit code (137).
+                Err(match reported.or_else(|| mpi::failed_rank(&lines)) {
                     Some((rank, how)) => LaunchError::RankFailed { rank, status: how },
                     None => LaunchError::MpirunFailed {
                         status: status.to_string(),
@@ -326,6 +385,7 @@ impl Launch {
                 })
             }
             Outcome::TimedOut { .. } => Err(self.timed_out("all (under mpirun)")),
+            Outcome::Interrupted { signal } => Err(interrupted(signal)),
         }
     }
 
@@ -337,15 +397,66 @@ impl Launch {
     }
 }
 
-/// `program` itself if it is a path to a file, else the first match on `PATH`.
+fn interrupted(signal: i32) -> LaunchError {
+    LaunchError::Interrupted {
+        signal,
+        name: nix::sys::signal::Signal::try_from(signal)
+            .map_or_else(|_| format!("signal {signal}"), |s| s.to_string()),
+    }
+}
+
+/// The most ranks one launch starts on this machine, whatever its limits.
+pub const MAX_LOCAL_RANKS: usize = 256;
+
+/// Checks `ranks` against [`MAX_LOCAL_RANKS`] and the open-file limit:
+/// the launcher holds two pipes per rank (and, on ring, a reserved port).
+fn max_local_ranks(ranks: usize) -> Result<(), LaunchError> {
+    let too_many = |reason: String| Err(LaunchError::TooManyRanks { ranks, reason });
+    if ranks > MAX_LOCAL_RANKS {
+        return too_many(format!(
+            "safemlx-launch starts at most {MAX_LOCAL_RANKS} local ranks (each is a process with its own MLX runtime)"
+        ));
+    }
+    let files = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(usize::MAX, |(soft, _)| {
+            usize::try_from(soft).unwrap_or(usize::MAX)
+        });
+    let needed = ranks.saturating_mul(4).saturating_add(16);
+    if needed > files {
+        return too_many(format!(
+            "it needs about {needed} open files and the limit is {files} (raise it with `ulimit -n`)"
+        ));
+    }
+    Ok(())
+}
+
+/// A directory or a file without execute permission is not a program.
+fn check_executable(program: &Path) -> Result<(), LaunchError> {
+    use std::os::unix::fs::PermissionsExt;
+    let not = |reason: &str| {
+        Err(LaunchError::ProgramNotExecutable {
+            program: program.to_owned(),
+            reason: reason.to_owned(),
+        })
+    };
+    match std::fs::metadata(program) {
+        Ok(m) if m.is_dir() => not("is a directory"),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => not("is not executable (no x permission)"),
+        Ok(_) => Ok(()),
+        Err(e) => not(&format!("cannot be read ({e})")),
+    }
+}
+
+/// `program` itself if it is a path (to anything: a directory is reported
+/// by [`check_executable`]), else the first executable match on `PATH`.
 fn find_program(program: &OsStr) -> Option<PathBuf> {
     let path = PathBuf::from(program);
     if path.components().count() > 1 {
-        return path.is_file().then_some(path);
+        return path.exists().then_some(path);
     }
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(program))
-            .find(|candidate| candidate.is_file())
+            .find(|candidate| check_executable(candidate).is_ok())
     })
 }

@@ -78,7 +78,12 @@ pub(crate) fn reported_exit(text: &str) -> Option<(usize, String)> {
     let (rank, status) = rest.split_once(' ')?;
     let status: i32 = status.trim().parse().ok()?;
     let how = if status > 128 {
-        format!("signal: {}", status - 128)
+        // As the ring launch reports a killed rank: `signal: 9 (SIGKILL)`.
+        let signal = status - 128;
+        match nix::sys::signal::Signal::try_from(signal) {
+            Ok(name) => format!("signal: {signal} ({name})"),
+            Err(_) => format!("signal: {signal}"),
+        }
     } else {
         format!("exit code: {status}")
     };
@@ -146,7 +151,7 @@ mod tests {
         );
         assert_eq!(
             reported_exit("safemlx-launch-exit 0 137"),
-            Some((0, "signal: 9".into()))
+            Some((0, "signal: 9 (SIGKILL)".into()))
         );
         assert_eq!(reported_exit("other text"), None);
     }

@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,6 +42,8 @@ pub(crate) enum Outcome {
     Failed { label: usize, status: ExitStatus },
     /// The timeout passed; these processes were still running.
     TimedOut { running: Vec<usize> },
+    /// The launcher got this signal; every process was stopped.
+    Interrupted { signal: i32 },
 }
 
 fn forward(
@@ -75,10 +78,12 @@ fn signal_group(pid: u32, signal: &str) {
 
 /// Starts `commands` (label, command), each in its own process group with
 /// piped output, and waits: for all to succeed, for the first failure (then
-/// the rest are stopped), or for `timeout` (then all are stopped).
+/// the rest are stopped), for `timeout` (then all are stopped), or for a
+/// signal number to appear in `interrupt` (then all are stopped).
 pub(crate) fn supervise(
     commands: Vec<(usize, Command)>,
     timeout: Option<Duration>,
+    interrupt: &AtomicUsize,
     relabel: Relabel,
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
@@ -125,6 +130,12 @@ pub(crate) fn supervise(
         }
         if let Some((label, status)) = failed {
             break Outcome::Failed { label, status };
+        }
+        let signal = interrupt.load(Ordering::Relaxed);
+        if signal != 0 {
+            break Outcome::Interrupted {
+                signal: i32::try_from(signal).unwrap_or(0),
+            };
         }
         if running.iter().all(|p| p.status.is_some()) {
             break Outcome::Success;

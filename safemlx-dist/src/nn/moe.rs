@@ -79,6 +79,46 @@ fn check_experts(router: &[i32], n: usize, top_k: usize) -> Result<usize> {
     Ok(experts)
 }
 
+/// The router `[D, E]` and experts `w1` `[E, D, H]`, `w2` `[E, H, D]` must
+/// agree before anything is sliced; the message names the tensors
+/// (`{prefix}router`, ...) and their shapes.
+fn check_shapes(prefix: &str, router: &[i32], w1: &[i32], w2: &[i32]) -> Result<()> {
+    let shapes =
+        || format!("{prefix}router is {router:?}, {prefix}w1 is {w1:?}, {prefix}w2 is {w2:?}");
+    let (&[d, e], &[e1, d1, h1], &[e2, h2, d2]) = (router, w1, w2) else {
+        return Err(Error::Shape(format!(
+            "an MoE needs a router [D, E], w1 [E, D, H] and w2 [E, H, D]: {}",
+            shapes()
+        )));
+    };
+    let disagree = [
+        (
+            e1 != e,
+            "w1's expert count (axis 0) differs from the router's (axis 1)",
+        ),
+        (
+            e2 != e,
+            "w2's expert count (axis 0) differs from the router's (axis 1)",
+        ),
+        (
+            d1 != d,
+            "w1's model dimension (axis 1) differs from the router's (axis 0)",
+        ),
+        (
+            d2 != d,
+            "w2's model dimension (axis 2) differs from the router's (axis 0)",
+        ),
+        (
+            h2 != h1,
+            "w2's hidden dimension (axis 1) differs from w1's (axis 2)",
+        ),
+    ];
+    match disagree.iter().find(|(bad, _)| *bad) {
+        Some((_, what)) => Err(Error::Shape(format!("{what}: {}", shapes()))),
+        None => Ok(()),
+    }
+}
+
 fn indices(values: &[usize]) -> Array {
     let values: Vec<i32> = values.iter().map(|&v| v as i32).collect();
     Array::from_slice(&values, &[values.len() as i32])
@@ -97,6 +137,7 @@ impl ExpertParallelMoe {
         w2: Array,
         s: &Stream,
     ) -> Result<Self> {
+        check_shapes("", router.shape(), w1.shape(), w2.shape())?;
         let experts = check_experts(router.shape(), group.size(), top_k)?;
         let weights = MoeWeights::from_full(group, router, w1, w2, s)?;
         Ok(Self {
@@ -119,8 +160,12 @@ impl ExpertParallelMoe {
         prefix: &str,
         s: &Stream,
     ) -> Result<Self> {
-        let router = &checkpoint.info(&format!("{prefix}router"))?.shape;
-        let experts = check_experts(router, group.size(), top_k)?;
+        let shape = |name: &str| -> Result<Vec<i32>> {
+            Ok(checkpoint.info(&format!("{prefix}{name}"))?.shape.clone())
+        };
+        let router = shape("router")?;
+        check_shapes(prefix, &router, &shape("w1")?, &shape("w2")?)?;
+        let experts = check_experts(&router, group.size(), top_k)?;
         let weights = MoeWeights::from_checkpoint(group, checkpoint, prefix, s)?;
         Ok(Self {
             weights,
@@ -298,5 +343,26 @@ impl ExpertParallelMoe {
             received: plan.recv_counts().to_vec(),
             dropped,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn disagreeing_expert_tensors_are_named() {
+        // Before: "Array split does not result in sub arrays with equal size".
+        assert_eq!(
+            super::check_shapes("moe.", &[64, 8], &[6, 64, 128], &[8, 128, 64])
+                .unwrap_err()
+                .to_string(),
+            "w1's expert count (axis 0) differs from the router's (axis 1): moe.router is [64, 8], moe.w1 is [6, 64, 128], moe.w2 is [8, 128, 64]"
+        );
+        assert_eq!(
+            super::check_shapes("", &[8, 64], &[8, 64, 128], &[8, 128, 64])
+                .unwrap_err()
+                .to_string(),
+            "w1's expert count (axis 0) differs from the router's (axis 1): router is [8, 64], w1 is [8, 64, 128], w2 is [8, 128, 64]"
+        );
+        assert!(super::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 128, 64]).is_ok());
     }
 }

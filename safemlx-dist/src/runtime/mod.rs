@@ -19,4 +19,5 @@ pub use collectives::{
 pub use eval::eval;
 pub use group::{init, Group};
 pub use lowering::{Lowering, LOWERING_ENV};
+pub(crate) use native::exit_immediately;
 pub use profile::{CollectiveProfile, CollectiveTime};

@@ -276,3 +276,12 @@ pub(crate) fn recv_like(
         unsafe { ffi::mlx_distributed_recv_like(res, like.as_ptr(), src, group.0, s.as_ptr()) }
     })
 }
+
+/// Ends the process now with `code`, running no exit handlers: OpenBLAS's
+/// handler joins its worker threads and can deadlock in a rank that must
+/// stop (the launcher watchdog's case).
+pub(crate) fn exit_immediately(code: i32) -> ! {
+    // SAFETY: `_exit` takes no pointers and never returns; skipping the
+    // exit handlers is the point (nothing is flushed but what the caller did).
+    unsafe { libc::_exit(code) }
+}

@@ -68,6 +68,11 @@ pub(crate) fn shard_ranges(
     if segments <= 1 {
         return Ok(vec![chunk(dim, rank, n)]);
     }
+    if dim % segments != 0 {
+        return Err(Error::Shape(format!(
+            "weight `{name}` has {dim} elements along axis {axis}, which do not split into {segments} equal segments (its fused blocks): {dim} is not a multiple of {segments}"
+        )));
+    }
     if dim % (segments * n) != 0 {
         return Err(Error::Shape(format!(
             "weight `{name}` has {dim} elements along axis {axis} in {segments} segments: each segment ({} elements) must divide evenly over {n} ranks",
@@ -226,5 +231,21 @@ pub fn check_weight_dims(name: &str, shape: &[i32], dims: &[usize]) -> Result<()
         Err(Error::Shape(format!(
             "weight `{name}` is declared with dims {dims:?} but the full weight given has shape {shape:?}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn segments_that_do_not_divide_the_axis_are_named_as_such() {
+        // Before, at 1 rank: "each segment (42 elements) must divide evenly over 1 ranks".
+        assert_eq!(
+            super::shard_ranges("qkv", 1, 128, 3, (0, 1)).unwrap_err().to_string(),
+            "weight `qkv` has 128 elements along axis 1, which do not split into 3 equal segments (its fused blocks): 128 is not a multiple of 3"
+        );
+        assert_eq!(
+            super::shard_ranges("qkv", 1, 96, 3, (1, 2)).unwrap(),
+            [(16, 16), (48, 16), (80, 16)]
+        );
     }
 }
