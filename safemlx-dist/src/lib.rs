@@ -28,6 +28,7 @@ extern crate self as safemlx_dist;
 pub mod checkpoint;
 mod error;
 pub mod launch;
+pub mod models;
 pub mod nn;
 mod runtime;
 pub mod typed;

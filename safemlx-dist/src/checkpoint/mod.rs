@@ -28,6 +28,7 @@
 //! ```
 
 mod format;
+mod hf;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -39,6 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use safemlx::{Array, Dtype, Stream};
 
 pub use format::TensorInfo;
+pub use hf::HfDirectory;
 
 use crate::error::{Error, Result};
 use crate::typed::collective::slice_axis;

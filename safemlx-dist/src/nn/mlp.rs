@@ -2,8 +2,10 @@
 
 use safemlx::Stream;
 
-use crate::typed::{Replicated, Sharded, ShardedArray};
-use crate::{sharded, Result};
+use crate::checkpoint::HfDirectory;
+use crate::error::Error;
+use crate::typed::{chunk, Replicated, Sharded, ShardedArray};
+use crate::{sharded, Group, Result};
 
 /// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
 /// columns and `down` `[H, D]` split by rows: one `all_sum` per forward
@@ -24,6 +26,51 @@ pub struct SwiGluMlp {
 }
 
 impl SwiGluMlp {
+    /// Reads this rank's part of the Hugging Face tensors
+    /// `{prefix}gate_proj.weight`, `{prefix}up_proj.weight` (`[H, D]`: its
+    /// rows of `H`) and `{prefix}down_proj.weight` (`[D, H]`: its columns),
+    /// for `D` = `dim` and `H` = `hidden`.
+    ///
+    /// # Errors
+    /// A missing tensor, or one whose shape is not the configuration's.
+    pub fn from_hf(
+        group: &Group,
+        dir: &HfDirectory,
+        prefix: &str,
+        (dim, hidden): (usize, usize),
+        s: &Stream,
+    ) -> Result<Self> {
+        let part = chunk(hidden, group.rank(), group.size());
+        let (d, h) = (dim as i32, hidden as i32);
+        let check = |name: &str, want: [i32; 2]| -> Result<String> {
+            let name = format!("{prefix}{name}");
+            let shape = &dir.info(&name)?.shape;
+            if shape.as_slice() != want {
+                return Err(Error::Model {
+                    path: dir.path().display().to_string(),
+                    message: format!(
+                        "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
+                    ),
+                });
+            }
+            Ok(name)
+        };
+        let column = |name: &str| -> Result<ShardedArray<Sharded<1>>> {
+            let name = check(name, [h, d])?;
+            let rows = dir.read_rows(&name, &[part], s)?.transpose(s)?;
+            ShardedArray::from_local(rows, group, &[d, h])
+        };
+        let gate = column("gate_proj.weight")?;
+        let up = column("up_proj.weight")?;
+        let name = check("down_proj.weight", [d, h])?;
+        let down = dir.read_columns(&name, &[part], s)?.transpose(s)?;
+        Ok(Self {
+            gate,
+            up,
+            down: ShardedArray::from_local(down, group, &[h, d])?,
+        })
+    }
+
     /// The MLP on replicated tokens `[T, D]`; the output is replicated.
     #[sharded(x @ Replicated, return @ Replicated)]
     pub fn forward(

@@ -6,12 +6,20 @@
 
 mod attention;
 mod block;
+mod embedding;
+mod gqa;
+pub mod kv_cache;
 mod linear;
 mod mlp;
 mod moe;
+mod norm;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
+pub use embedding::{gather_logits, VocabParallelEmbedding};
+pub use gqa::{GqaAttention, GqaConfig, HeadSplit, Rope};
+pub use kv_cache::{KvCache, LayerCache};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};
+pub use norm::RmsNorm;

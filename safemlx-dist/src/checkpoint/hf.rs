@@ -1,0 +1,191 @@
+//! Hugging Face model directories: `config.json` beside `model.safetensors`,
+//! or beside `model.safetensors.index.json` and the shards it names.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use safemlx::{Array, Stream};
+use serde_json::Value;
+
+use super::{Checkpoint, TensorInfo};
+use crate::error::{Error, Result};
+
+/// A Hugging Face model directory opened for reading: its `config.json`
+/// parsed, every safetensors file's header checked, each tensor found in
+/// the file the index names. Tensors are read on demand, only the rows a
+/// rank asks for.
+#[derive(Debug)]
+pub struct HfDirectory {
+    dir: PathBuf,
+    config: Value,
+    files: Vec<Checkpoint>,
+    /// Tensor name -> index into `files`.
+    tensors: BTreeMap<String, usize>,
+}
+
+impl HfDirectory {
+    /// Opens the directory `dir`: reads `config.json` and the headers of
+    /// `model.safetensors`, or of every shard `model.safetensors.index.json`
+    /// names.
+    ///
+    /// # Errors
+    /// A missing or invalid `config.json`, no weights file, an index that is
+    /// not `{"weight_map": {NAME: FILE}}`, a shard that is missing or bad,
+    /// or a tensor the index places in a file that does not hold it; the
+    /// message names the file and the tensor.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let fail = |path: &Path, message: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            message,
+        };
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| {
+            fail(
+                &config_path,
+                format!("cannot read it ({e}); a Hugging Face model directory has a config.json"),
+            )
+        })?;
+        let config: Value = serde_json::from_str(&text)
+            .map_err(|e| fail(&config_path, format!("is not valid JSON ({e})")))?;
+        if !config.is_object() {
+            return Err(fail(&config_path, "is not a JSON object".to_owned()));
+        }
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let mut files = Vec::new();
+        let mut tensors = BTreeMap::new();
+        if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| fail(&index_path, format!("cannot read it ({e})")))?;
+            let index: Value = serde_json::from_str(&text)
+                .map_err(|e| fail(&index_path, format!("is not valid JSON ({e})")))?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    fail(
+                        &index_path,
+                        "has no \"weight_map\" object of tensor name to file".to_owned(),
+                    )
+                })?;
+            let mut by_file: BTreeMap<&str, usize> = BTreeMap::new();
+            for (name, file) in map {
+                let file = file.as_str().filter(|f| is_plain_file_name(f)).ok_or_else(|| {
+                    fail(&index_path, format!("places tensor `{name}` in {file}, which is not a file name in this directory"))
+                })?;
+                let at = match by_file.get(file) {
+                    Some(&at) => at,
+                    None => {
+                        files.push(Checkpoint::open(dir.join(file))?);
+                        by_file.insert(file, files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                if !files[at].contains(name) {
+                    return Err(fail(
+                        files[at].path(),
+                        format!(
+                            "has no tensor `{name}`, which {} places in it",
+                            index_path.display()
+                        ),
+                    ));
+                }
+                tensors.insert(name.clone(), at);
+            }
+        } else if single.exists() {
+            let file = Checkpoint::open(&single)?;
+            tensors = file.names().map(|n| (n.to_owned(), 0)).collect();
+            files.push(file);
+        } else {
+            return Err(fail(
+                &dir,
+                "has neither model.safetensors nor model.safetensors.index.json".to_owned(),
+            ));
+        }
+        Ok(Self {
+            dir,
+            config,
+            files,
+            tensors,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `config.json`, parsed.
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    /// Whether the model has a tensor `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensors' names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    fn file(&self, name: &str) -> Result<&Checkpoint> {
+        match self.tensors.get(name) {
+            Some(&at) => Ok(&self.files[at]),
+            None => {
+                let mut names: Vec<&str> = self.names().take(12).collect();
+                if self.tensors.len() > names.len() {
+                    names.push("...");
+                }
+                Err(Error::Checkpoint {
+                    path: self.dir.display().to_string(),
+                    message: format!("has no tensor `{name}`; it has: {}", names.join(", ")),
+                })
+            }
+        }
+    }
+
+    /// The dtype and shape of tensor `name`.
+    ///
+    /// # Errors
+    /// No such tensor (the message lists some that exist).
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.file(name)?.info(name)
+    }
+
+    /// The whole tensor `name`.
+    ///
+    /// # Errors
+    /// No such tensor, or a read that fails.
+    pub fn read(&self, name: &str, s: &Stream) -> Result<Array> {
+        self.file(name)?.read(name, s)
+    }
+
+    /// Rows of tensor `name` (see [`Checkpoint::read_rows`]).
+    ///
+    /// # Errors
+    /// No such tensor, rows past its end, or a read that fails.
+    pub fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        self.file(name)?.read_rows(name, ranges, s)
+    }
+
+    /// Columns of the 2-D tensor `name` (see [`Checkpoint::read_columns`]).
+    ///
+    /// # Errors
+    /// No such tensor, not 2-D, columns past its end, or a failed read.
+    pub fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        self.file(name)?.read_columns(name, ranges, s)
+    }
+
+    /// Tensor bytes read so far, over every file.
+    pub fn bytes_read(&self) -> u64 {
+        self.files.iter().map(Checkpoint::bytes_read).sum()
+    }
+}
+
+/// A name without directory parts: the index may not point outside.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && name != "." && name != ".."
+}

@@ -1,0 +1,374 @@
+//! The Llama family's configuration, read from a Hugging Face `config.json`.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Which member of the Llama family a model is; they differ only in a few
+/// switches (see [`LlamaConfig`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Llama 2 and 3 (and SmolLM2, a Llama with tied embeddings).
+    Llama,
+    /// Mistral: a Llama with a sliding attention window.
+    Mistral,
+    /// Qwen2: biases on the q, k and v projections.
+    Qwen2,
+    /// Qwen3: an RMSNorm on each query and key head.
+    Qwen3,
+}
+
+impl Family {
+    /// The `model_type` values read, and their family.
+    pub const MODEL_TYPES: [(&'static str, Family); 4] = [
+        ("llama", Family::Llama),
+        ("mistral", Family::Mistral),
+        ("qwen2", Family::Qwen2),
+        ("qwen3", Family::Qwen3),
+    ];
+}
+
+/// How positions are scaled before the rotation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The factor.
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// Scale of the low frequencies.
+        factor: f32,
+        /// Wavelengths above `original / low_freq_factor` are scaled fully.
+        low_freq_factor: f32,
+        /// Wavelengths below `original / high_freq_factor` are kept.
+        high_freq_factor: f32,
+        /// The context length the model was trained with.
+        original_max_position_embeddings: f32,
+    },
+}
+
+/// A Llama-family model's shape and switches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    /// The family (`model_type`).
+    pub family: Family,
+    /// Vocabulary size `V`.
+    pub vocab_size: usize,
+    /// Model dimension `D`.
+    pub hidden_size: usize,
+    /// MLP hidden dimension `H`.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE position scaling.
+    pub rope_scaling: RopeScaling,
+    /// Whether the LM head is the embedding table.
+    pub tie_word_embeddings: bool,
+    /// Biases on q, k and v (Qwen2 always; Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// Per-head q/k RMSNorm (Qwen3).
+    pub qk_norm: bool,
+    /// The longest context (informational; not enforced).
+    pub max_position_embeddings: usize,
+    /// Mistral's attention window, when the model has one.
+    pub sliding_window: Option<usize>,
+    /// Token ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+    /// The token that starts a sequence, when the model has one.
+    pub bos_token_id: Option<u32>,
+}
+
+impl LlamaConfig {
+    /// Reads a Hugging Face `config.json` (`path` is for messages).
+    ///
+    /// # Errors
+    /// An unsupported `model_type`, a missing or ill-typed key, or values
+    /// that do not fit together (e.g. heads that do not divide the model
+    /// dimension without a `head_dim`); the message names the key.
+    pub fn from_hf(json: &Value, path: &str) -> Result<Self> {
+        let fail = |message: String| Error::Model {
+            path: path.to_owned(),
+            message,
+        };
+        let model_type = json
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| fail("config.json has no \"model_type\"".to_owned()))?;
+        let family = Family::MODEL_TYPES
+            .iter()
+            .find(|(name, _)| *name == model_type)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                fail(format!(
+                    "model_type \"{model_type}\" is not a Llama-family model read here; supported: {}",
+                    Family::MODEL_TYPES.map(|(n, _)| n).join(", ")
+                ))
+            })?;
+        let int = |key: &str| -> Result<Option<usize>> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .map(Some)
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a whole number"))),
+            }
+        };
+        let need = |key: &str| -> Result<usize> {
+            match int(key)? {
+                Some(0) => Err(fail(format!("\"{key}\" is 0"))),
+                Some(v) => Ok(v),
+                None => Err(fail(format!("config.json has no \"{key}\""))),
+            }
+        };
+        let float = |key: &str, within: &Value| -> Result<Option<f32>> {
+            match within.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(|v| Some(v as f32))
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a number"))),
+            }
+        };
+        let flag = |key: &str| -> Result<Option<bool>> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_bool()
+                    .map(Some)
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not true or false"))),
+            }
+        };
+        let hidden_size = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        let kv_heads = int("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(fail(format!(
+                "num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+            )));
+        }
+        let head_dim = match int("head_dim")? {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => {
+                return Err(fail(format!(
+                    "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({heads}) and there is no \"head_dim\""
+                )))
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(fail(format!(
+                "head_dim is {head_dim}; RoPE rotates pairs, so it must be even"
+            )));
+        }
+        if flag("mlp_bias")? == Some(true) {
+            return Err(fail(
+                "\"mlp_bias\" is true; MLP biases are not supported".to_owned(),
+            ));
+        }
+        // Transformers 5 keeps rope_theta and the scaling in "rope_parameters".
+        let rope = json
+            .get("rope_parameters")
+            .filter(|v| v.is_object())
+            .or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
+        let rope_theta = match rope.map(|r| float("rope_theta", r)).transpose()?.flatten() {
+            Some(theta) => theta,
+            None => float("rope_theta", json)?.unwrap_or(10_000.0),
+        };
+        let rope_scaling = match rope {
+            None => RopeScaling::None,
+            Some(r) => rope_scaling(r, &float, &fail)?,
+        };
+        let eos_token_ids = match json.get("eos_token_id") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    fail("\"eos_token_id\" has an entry that is not a token id".to_owned())
+                })?,
+            Some(v) => vec![v
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| fail(format!("\"eos_token_id\" is {v}, not a token id")))?],
+        };
+        let bos_token_id = int("bos_token_id")?.and_then(|v| u32::try_from(v).ok());
+        let sliding_window = match family {
+            Family::Mistral => int("sliding_window")?,
+            _ => None,
+        };
+        Ok(Self {
+            family,
+            vocab_size: need("vocab_size")?,
+            hidden_size,
+            intermediate_size: need("intermediate_size")?,
+            layers: need("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            rms_norm_eps: float("rms_norm_eps", json)?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
+            qkv_bias: family == Family::Qwen2 || flag("attention_bias")?.unwrap_or(false),
+            qk_norm: family == Family::Qwen3,
+            max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
+            sliding_window,
+            eos_token_ids,
+            bos_token_id,
+        })
+    }
+
+    /// RoPE frequencies for Llama 3 scaling (`None` for the others): the
+    /// wavelength divisor of each rotated pair, as `fast::rope` takes them.
+    pub fn rope_freqs(&self) -> Option<Vec<f32>> {
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: original,
+        } = self.rope_scaling
+        else {
+            return None;
+        };
+        let dims = self.head_dim as f32;
+        let low_wavelen = original / low_freq_factor;
+        let high_wavelen = original / high_freq_factor;
+        Some(
+            (0..self.head_dim / 2)
+                .map(|i| {
+                    let freq = self.rope_theta.powf(2.0 * i as f32 / dims);
+                    let wavelen = 2.0 * std::f32::consts::PI * freq;
+                    if wavelen > low_wavelen {
+                        freq * factor
+                    } else if wavelen < high_wavelen {
+                        freq
+                    } else {
+                        let smooth = (original / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        freq / ((1.0 - smooth) / factor + smooth)
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+type FloatOf<'a> = dyn Fn(&str, &Value) -> Result<Option<f32>> + 'a;
+
+fn rope_scaling(
+    r: &Value,
+    float: &FloatOf<'_>,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<RopeScaling> {
+    let kind = r
+        .get("rope_type")
+        .or_else(|| r.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let factor = || -> Result<f32> {
+        float("factor", r)?
+            .ok_or_else(|| fail(format!("rope scaling \"{kind}\" has no \"factor\"")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: float("low_freq_factor", r)?.unwrap_or(1.0),
+            high_freq_factor: float("high_freq_factor", r)?.unwrap_or(4.0),
+            original_max_position_embeddings: float("original_max_position_embeddings", r)?
+                .unwrap_or(8192.0),
+        }),
+        other => Err(fail(format!(
+            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2() -> Value {
+        serde_json::json!({
+            "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+            "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3,
+            "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "tie_word_embeddings": true, "eos_token_id": 2, "bos_token_id": 1,
+            "max_position_embeddings": 8192
+        })
+    }
+
+    #[test]
+    fn smollm2_reads_as_a_tied_llama_with_gqa() {
+        let c = LlamaConfig::from_hf(&smollm2(), "config.json").unwrap();
+        assert_eq!(
+            (c.family, c.heads, c.kv_heads, c.head_dim),
+            (Family::Llama, 9, 3, 64)
+        );
+        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.qk_norm);
+        assert_eq!(
+            (c.rope_theta, c.eos_token_ids.as_slice()),
+            (100000.0, &[2][..])
+        );
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        let mut j = smollm2();
+        j["model_type"] = "gpt2".into();
+        assert_eq!(
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3"
+        );
+        let mut j = smollm2();
+        j["num_key_value_heads"] = 2.into();
+        assert_eq!(
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
+            "model m: num_attention_heads (9) is not a multiple of num_key_value_heads (2)"
+        );
+        let mut j = smollm2();
+        j["hidden_size"] = "576".into();
+        assert_eq!(
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
+            "model m: \"hidden_size\" is \"576\", not a whole number"
+        );
+        let mut j = smollm2();
+        j["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+        assert_eq!(
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
+            "model m: rope scaling \"yarn\" is not supported; supported: default, linear, llama3"
+        );
+    }
+
+    #[test]
+    fn llama3_frequencies_scale_only_long_wavelengths() {
+        let mut j = smollm2();
+        j["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192});
+        let c = LlamaConfig::from_hf(&j, "m").unwrap();
+        let freqs = c.rope_freqs().unwrap();
+        assert_eq!(freqs.len(), 32);
+        assert_eq!(freqs[0], 1.0); // the shortest wavelength is kept
+        let last = 100000f32.powf(62.0 / 64.0);
+        assert!((freqs[31] / last - 8.0).abs() < 1e-4); // the longest is scaled by 8
+    }
+}

@@ -1,0 +1,222 @@
+//! The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2), tensor
+//! parallel over a group.
+//!
+//! ```text
+//! x       = E[tokens]                              vocabulary-parallel lookup, all_sum
+//! for each layer:
+//!   x     = x + Attention(RMSNorm(x))              heads split, all_sum
+//!   x     = x + down(silu(gate(n)) * up(n)),  n = RMSNorm(x)
+//!                                                  hidden split, all_sum
+//! logits  = RMSNorm(x) W^T                         vocabulary columns per rank
+//! ```
+//!
+//! `W` is the LM head, or `E` itself with tied embeddings (SmolLM2). Each
+//! rank reads only its part of every tensor from the checkpoint.
+
+use safemlx::{Array, Stream};
+
+use super::config::LlamaConfig;
+use crate::checkpoint::HfDirectory;
+use crate::error::{Error, Result};
+use crate::nn::{
+    GqaAttention, GqaConfig, KvCache, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
+};
+use crate::typed::{Sharded, ShardedArray};
+use crate::Group;
+
+/// One decoder layer on this rank.
+#[derive(Debug)]
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    attention: GqaAttention,
+    post_attention_norm: RmsNorm,
+    mlp: SwiGluMlp,
+}
+
+/// A Llama-family model, this rank's part of it.
+#[derive(Debug)]
+pub struct Llama {
+    config: LlamaConfig,
+    path: String,
+    embed: VocabParallelEmbedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    /// `None` with tied embeddings: the LM head is `embed`.
+    lm_head: Option<VocabParallelEmbedding>,
+}
+
+impl Llama {
+    /// Loads this rank's part of a Hugging Face model directory
+    /// (`config.json` and safetensors with Hugging Face tensor names).
+    ///
+    /// # Errors
+    /// An unsupported or inconsistent configuration, a missing tensor or
+    /// one whose shape disagrees with the configuration; the message names
+    /// the directory, the key or the tensor.
+    pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
+        let path = dir.path().display().to_string();
+        let config = LlamaConfig::from_hf(dir.config(), &path)?;
+        let c = &config;
+        let embed = VocabParallelEmbedding::from_hf(group, dir, "model.embed_tokens.weight", s)?;
+        let embed_shape = embed.weight.global_shape();
+        if embed_shape != [c.vocab_size as i32, c.hidden_size as i32] {
+            return Err(Error::Model {
+                path,
+                message: format!(
+                    "tensor `model.embed_tokens.weight` has shape {embed_shape:?} but the configuration gives [{}, {}] (vocab_size, hidden_size)",
+                    c.vocab_size, c.hidden_size
+                ),
+            });
+        }
+        let attention = GqaConfig {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            qkv_bias: c.qkv_bias,
+            qk_norm: c.qk_norm,
+            norm_eps: c.rms_norm_eps,
+            rope: rope(c),
+        };
+        let norm =
+            |name: &str| RmsNorm::from_hf(group, dir, name, c.hidden_size, c.rms_norm_eps, s);
+        let layers = (0..c.layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}.");
+                Ok(DecoderLayer {
+                    input_norm: norm(&format!("{p}input_layernorm.weight"))?,
+                    attention: GqaAttention::from_hf(
+                        group,
+                        dir,
+                        &format!("{p}self_attn."),
+                        &attention,
+                        s,
+                    )?,
+                    post_attention_norm: norm(&format!("{p}post_attention_layernorm.weight"))?,
+                    mlp: SwiGluMlp::from_hf(
+                        group,
+                        dir,
+                        &format!("{p}mlp."),
+                        (c.hidden_size, c.intermediate_size),
+                        s,
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Tied models may still ship an lm_head copy; read it only when untied.
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(VocabParallelEmbedding::from_hf(
+                group,
+                dir,
+                "lm_head.weight",
+                s,
+            )?)
+        };
+        Ok(Self {
+            norm: norm("model.norm.weight")?,
+            config,
+            path,
+            embed,
+            layers,
+            lm_head,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// This rank's heads of layer 0 (every layer splits alike).
+    pub fn head_split(&self) -> Option<crate::nn::HeadSplit> {
+        self.layers.first().map(|l| l.attention.split())
+    }
+
+    /// An empty KV cache for this rank's heads.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// The logits of `tokens` at positions `cache.len()..`, appending their
+    /// keys and values to `cache`: `[T, V]`, this rank's vocabulary columns
+    /// (see [`gather_logits`](crate::nn::gather_logits) for full rows).
+    /// Cost: `2 L + 1` all_sums of `[T, D]`.
+    ///
+    /// # Errors
+    /// No tokens, a token outside the vocabulary, a sequence longer than
+    /// Mistral's attention window, or an MLX error.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        if tokens.is_empty() {
+            return Err(Error::Shape("the model got no tokens".to_owned()));
+        }
+        if let Some(window) = self.config.sliding_window {
+            let end = cache.len() + tokens.len();
+            if end > window {
+                return Err(Error::Model {
+                    path: self.path.clone(),
+                    message: format!(
+                        "{end} positions exceed the sliding window of {window}, which is not implemented; use at most {window} positions"
+                    ),
+                });
+            }
+        }
+        let mut x = self.embed.forward(tokens, s)?;
+        for (layer, cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let attention = layer
+                .attention
+                .forward(&layer.input_norm.forward(&x, s)?, cache, s)?;
+            x = x.add(&attention, s)?;
+            let mlp = layer
+                .mlp
+                .forward(&layer.post_attention_norm.forward(&x, s)?, s)?;
+            x = x.add(&mlp, s)?;
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.logits(&self.norm.forward(&x, s)?, s)
+    }
+
+    /// Bytes of this rank's weights.
+    pub fn weight_bytes(&self) -> usize {
+        let norms = |n: &RmsNorm| n.weight.local().nbytes();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                norms(&l.input_norm)
+                    + norms(&l.post_attention_norm)
+                    + l.attention.nbytes()
+                    + [&l.mlp.gate.local(), &l.mlp.up.local(), &l.mlp.down.local()]
+                        .iter()
+                        .map(|a| a.nbytes())
+                        .sum::<usize>()
+            })
+            .sum();
+        let head = self
+            .lm_head
+            .as_ref()
+            .map_or(0, |h| h.weight.local().nbytes());
+        self.embed.weight.local().nbytes() + layers + norms(&self.norm) + head
+    }
+}
+
+/// The rotation the configuration asks for.
+fn rope(c: &LlamaConfig) -> Rope {
+    let freqs = c.rope_freqs();
+    let scale = match c.rope_scaling {
+        super::config::RopeScaling::Linear { factor } => 1.0 / factor,
+        _ => 1.0,
+    };
+    Rope {
+        dims: c.head_dim as i32,
+        traditional: false,
+        base: freqs.is_none().then_some(c.rope_theta),
+        scale,
+        freqs: freqs.map(|f| Array::from_slice(&f, &[f.len() as i32])),
+    }
+}

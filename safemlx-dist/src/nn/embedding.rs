@@ -1,0 +1,143 @@
+//! Vocabulary-parallel token embedding and LM head.
+
+use safemlx::{Array, Dtype, Stream};
+
+use crate::checkpoint::HfDirectory;
+use crate::error::{Error, Result};
+use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
+use crate::{sharded, Group};
+
+/// A `[V, D]` table split by vocabulary rows: rank `r` holds rows
+/// `chunk(V, r, n)`. As an embedding, each rank looks up the tokens in its
+/// rows (zeros for the others) and one `all_sum` of `[T, D]` completes the
+/// lookup; as an LM head, `h E^T` gives each rank its vocabulary columns
+/// of the logits, `Sharded<1>`, gathered only where a token is sampled.
+#[sharded]
+#[derive(Debug)]
+pub struct VocabParallelEmbedding {
+    /// `[V, D]`, split by rows.
+    #[shard(Sharded<0>)]
+    pub weight: ShardedArray<Sharded<0>>,
+}
+
+impl VocabParallelEmbedding {
+    /// Reads this rank's rows of the `[V, D]` tensor `name`.
+    ///
+    /// # Errors
+    /// A missing tensor or one that is not 2-D.
+    pub fn from_hf(group: &Group, dir: &HfDirectory, name: &str, s: &Stream) -> Result<Self> {
+        let shape = dir.info(name)?.shape.clone();
+        let &[vocab, _] = shape.as_slice() else {
+            return Err(Error::Model {
+                path: dir.path().display().to_string(),
+                message: format!(
+                    "tensor `{name}` has shape {shape:?}; an embedding is [vocab, dim]"
+                ),
+            });
+        };
+        let rows = chunk(vocab as usize, group.rank(), group.size());
+        let local = dir.read_rows(name, &[rows], s)?;
+        Ok(Self {
+            weight: ShardedArray::from_local(local, group, &shape)?,
+        })
+    }
+
+    /// The vocabulary size `V`.
+    pub fn vocab(&self) -> usize {
+        self.weight.global_shape()[0] as usize
+    }
+
+    /// The rows of `tokens` on every rank, `[T, D]`. Cost: one `all_sum` of
+    /// `[T, D]`.
+    ///
+    /// # Errors
+    /// A token id outside the vocabulary (named with its position).
+    pub fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
+        let comm = self.weight.comm();
+        let vocab = self.vocab();
+        if let Some((at, id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(Error::Shape(format!(
+                "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        let (first, count) = chunk(vocab, comm.rank(), comm.size());
+        let mine = |t: u32| (first..first + count).contains(&(t as usize));
+        let rows: Vec<i32> = tokens
+            .iter()
+            .map(|&t| {
+                if mine(t) {
+                    (t as usize - first) as i32
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let keep: Vec<f32> = tokens
+            .iter()
+            .map(|&t| f32::from(u8::from(mine(t))))
+            .collect();
+        let t = i32::try_from(tokens.len()).map_err(|_| Error::ShapeOverflow {
+            value: tokens.len(),
+        })?;
+        let d = self.weight.global_shape()[1];
+        let local = if count == 0 {
+            safemlx::ops::zeros_dtype(&[t, d], self.weight.local().dtype(), s)?
+        } else {
+            let dtype = self.weight.local().dtype();
+            let keep = Array::from_slice(&keep, &[t, 1]).as_dtype(dtype, s)?;
+            self.weight
+                .local()
+                .take_axis(Array::from_slice(&rows, &[t]), 0, s)?
+                .multiply(&keep, s)?
+        };
+        ShardedArray::<Partial>::from_local(local, comm, &[t, d])?.all_sum(s)
+    }
+
+    /// The logits `h E^T` of the replicated hidden states `h` `[T, D]`:
+    /// this rank's vocabulary columns, `[T, V]` split by columns. No
+    /// communication.
+    ///
+    /// # Errors
+    /// `h` is not `[T, D]`.
+    pub fn logits(
+        &self,
+        h: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let transposed: ShardedArray<Sharded<1>> = self.weight.transpose(s)?; // [D, V]
+        h.matmul(&transposed, s)
+    }
+}
+
+/// The full logits of rows `rows` of vocabulary-split logits `[T, V]`, on
+/// every rank, in `float32`: one `all_gather` of `[rows, V]`, only for the
+/// positions that are sampled (or checked).
+///
+/// # Errors
+/// A row range past `T`, or an MLX error.
+pub fn gather_logits(
+    logits: &ShardedArray<Sharded<1>>,
+    rows: std::ops::Range<usize>,
+    s: &Stream,
+) -> Result<ShardedArray<Replicated>> {
+    let &[t, v] = logits.global_shape() else {
+        return Err(Error::Shape(format!(
+            "logits are [T, V], got {:?}",
+            logits.global_shape()
+        )));
+    };
+    if rows.end > t as usize || rows.start > rows.end {
+        return Err(Error::Shape(format!(
+            "rows {rows:?} of logits with {t} rows were asked for"
+        )));
+    }
+    let count = (rows.end - rows.start) as i32;
+    let picked =
+        crate::typed::collective::slice_axis(logits.local(), 0, rows.start, rows.len(), s)?
+            .as_dtype(Dtype::Float32, s)?;
+    ShardedArray::<Sharded<1>>::from_local(picked, logits.comm(), &[count, v])?.all_gather(s)
+}

@@ -1,0 +1,366 @@
+//! Grouped-query attention with rotary positions and a KV cache, heads
+//! split across ranks.
+//!
+//! Query heads follow their KV head: with `n` ranks and `kv` KV heads,
+//!
+//! - `n <= kv`: KV heads are split by the chunk rule (uneven allowed: 3 KV
+//!   heads over 2 ranks are 2 + 1), each rank taking every query head of
+//!   its KV heads;
+//! - `n > kv`: ranks are split over the KV heads by the chunk rule, each
+//!   rank holding one KV head (replicated on the ranks that share it) and
+//!   its chunk of that head's query heads. A rank may then hold no query
+//!   head at all (more ranks than query heads); it adds nothing.
+//!
+//! Each rank's output projection is a partial sum over its heads, reduced
+//! with one `all_sum` of `[T, D]`.
+
+use safemlx::fast::ScaledDotProductAttentionMask;
+use safemlx::{Array, Stream};
+
+use super::kv_cache::LayerCache;
+use crate::checkpoint::HfDirectory;
+use crate::error::{Error, Result};
+use crate::typed::{chunk, Partial, Replicated, ShardedArray};
+use crate::Group;
+
+/// The query and KV heads one rank holds, as `(first, count)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadSplit {
+    /// This rank's query heads.
+    pub query: (usize, usize),
+    /// This rank's KV heads (with `n > kv`, one head shared with other ranks).
+    pub kv: (usize, usize),
+}
+
+impl HeadSplit {
+    /// The heads rank `rank` of `n` holds of `heads` query heads grouped
+    /// over `kv_heads` KV heads (see the module's rules).
+    ///
+    /// # Errors
+    /// No heads, or a query-head count that is not a multiple of the KV
+    /// heads (each KV head serves the same number of query heads).
+    pub fn new(heads: usize, kv_heads: usize, rank: usize, n: usize) -> Result<Self> {
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::Shape(format!(
+                "grouped-query attention with {heads} query heads and {kv_heads} KV heads: the query heads must be a non-zero multiple of the KV heads"
+            )));
+        }
+        let group = heads / kv_heads;
+        if n <= kv_heads {
+            let (first, count) = chunk(kv_heads, rank, n);
+            return Ok(Self {
+                query: (first * group, count * group),
+                kv: (first, count),
+            });
+        }
+        // More ranks than KV heads: KV head `k` is held by the ranks of
+        // chunk(n, k, kv_heads), which split its query heads among them.
+        let kv = (0..kv_heads)
+            .find(|&k| {
+                let (first, count) = chunk(n, k, kv_heads);
+                (first..first + count).contains(&rank)
+            })
+            .unwrap_or(kv_heads - 1);
+        let (first_rank, sharing) = chunk(n, kv, kv_heads);
+        let (first, count) = chunk(group, rank - first_rank, sharing);
+        Ok(Self {
+            query: (kv * group + first, count),
+            kv: (kv, 1),
+        })
+    }
+}
+
+/// Rotary position embedding, as MLX's fused `fast::rope` applies it.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    /// Feature dimensions rotated (the head dimension).
+    pub dims: i32,
+    /// `rotate_half` pairs (Hugging Face Llama) when false; interleaved when true.
+    pub traditional: bool,
+    /// The frequency base (`rope_theta`); `None` when `freqs` are given.
+    pub base: Option<f32>,
+    /// Position scale (`1 / factor` for linear scaling).
+    pub scale: f32,
+    /// Per-pair wavelengths (Llama 3's scaled frequencies).
+    pub freqs: Option<Array>,
+}
+
+impl Rope {
+    /// `x` `[1, heads, T, head_dim]` rotated for positions `offset..offset + T`.
+    fn apply(&self, x: &Array, offset: usize, s: &Stream) -> Result<Array> {
+        let offset = i32::try_from(offset).map_err(|_| Error::ShapeOverflow { value: offset })?;
+        Ok(safemlx::fast::rope(
+            x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            offset,
+            self.freqs.as_ref(),
+            s,
+        )?)
+    }
+}
+
+/// The shape of one attention layer, from the model's configuration.
+#[derive(Debug, Clone)]
+pub struct GqaConfig {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// Biases on the q, k and v projections (Qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm of each query and key head before the rotation (Qwen3).
+    pub qk_norm: bool,
+    /// Epsilon of the q/k norms.
+    pub norm_eps: f32,
+    /// The rotation.
+    pub rope: Rope,
+}
+
+/// One rank's part of a grouped-query attention layer.
+#[derive(Debug)]
+pub struct GqaAttention {
+    config: GqaConfig,
+    split: HeadSplit,
+    /// `[D, q * hd]`, `[D, kv * hd]`, `[D, kv * hd]`: this rank's columns.
+    q: Array,
+    k: Array,
+    v: Array,
+    /// `[q * hd]`, `[kv * hd]`, `[kv * hd]` when the model has them.
+    biases: Option<[Array; 3]>,
+    /// `[hd]` each, when the model has q/k norms.
+    norms: Option<[Array; 2]>,
+    /// `[q * hd, D]`: this rank's rows of the output projection.
+    o: Array,
+}
+
+impl GqaAttention {
+    /// Reads this rank's heads of the Hugging Face tensors
+    /// `{prefix}{q,k,v,o}_proj.weight` (`[out, in]`), the biases and the
+    /// `q_norm`/`k_norm` weights when the configuration has them: only
+    /// this rank's rows of q, k, v and its columns of o.
+    ///
+    /// # Errors
+    /// A head split that cannot be (see [`HeadSplit::new`]), a missing
+    /// tensor, or a tensor whose shape disagrees with the configuration
+    /// (the message names it).
+    pub fn from_hf(
+        group: &Group,
+        dir: &HfDirectory,
+        prefix: &str,
+        config: &GqaConfig,
+        s: &Stream,
+    ) -> Result<Self> {
+        let split = HeadSplit::new(config.heads, config.kv_heads, group.rank(), group.size())?;
+        let hd = config.head_dim;
+        let name = |part: &str| format!("{prefix}{part}");
+        let rows = |(first, count): (usize, usize)| [(first * hd, count * hd)];
+        let d = expect_shape(dir, &name("q_proj.weight"), None, config.heads * hd)?;
+        expect_shape(dir, &name("k_proj.weight"), Some(d), config.kv_heads * hd)?;
+        expect_shape(dir, &name("v_proj.weight"), Some(d), config.kv_heads * hd)?;
+        let o_shape = &dir.info(&name("o_proj.weight"))?.shape;
+        if o_shape.as_slice() != [d as i32, (config.heads * hd) as i32] {
+            return Err(disagree(
+                dir,
+                &name("o_proj.weight"),
+                o_shape,
+                &[d, config.heads * hd],
+            ));
+        }
+        let project = |part: &str, heads| -> Result<Array> {
+            Ok(dir.read_rows(&name(part), &rows(heads), s)?.transpose(s)?)
+        };
+        let q = project("q_proj.weight", split.query)?;
+        let k = project("k_proj.weight", split.kv)?;
+        let v = project("v_proj.weight", split.kv)?;
+        let o = dir
+            .read_columns(&name("o_proj.weight"), &rows(split.query), s)?
+            .transpose(s)?;
+        let biases = if config.qkv_bias {
+            let bias = |part: &str, heads, total| -> Result<Array> {
+                let shape = &dir.info(&name(part))?.shape;
+                if shape.as_slice() != [total as i32] {
+                    return Err(disagree(dir, &name(part), shape, &[total]));
+                }
+                dir.read_rows(&name(part), &rows(heads), s)
+            };
+            Some([
+                bias("q_proj.bias", split.query, config.heads * hd)?,
+                bias("k_proj.bias", split.kv, config.kv_heads * hd)?,
+                bias("v_proj.bias", split.kv, config.kv_heads * hd)?,
+            ])
+        } else {
+            None
+        };
+        let norms = if config.qk_norm {
+            let norm = |part: &str| -> Result<Array> {
+                let shape = &dir.info(&name(part))?.shape;
+                if shape.as_slice() != [hd as i32] {
+                    return Err(disagree(dir, &name(part), shape, &[hd]));
+                }
+                dir.read(&name(part), s)
+            };
+            Some([norm("q_norm.weight")?, norm("k_norm.weight")?])
+        } else {
+            None
+        };
+        Ok(Self {
+            config: config.clone(),
+            split,
+            q,
+            k,
+            v,
+            biases,
+            norms,
+            o,
+        })
+    }
+
+    /// The heads this rank holds.
+    pub fn split(&self) -> HeadSplit {
+        self.split
+    }
+
+    /// Bytes of this rank's weights.
+    pub fn nbytes(&self) -> usize {
+        let fixed = [&self.q, &self.k, &self.v, &self.o];
+        let biases = self.biases.iter().flatten();
+        let norms = self.norms.iter().flatten();
+        fixed
+            .into_iter()
+            .chain(biases)
+            .chain(norms)
+            .map(Array::nbytes)
+            .sum()
+    }
+
+    /// Causal self-attention of the replicated tokens `x` `[T, D]` at
+    /// positions `cache.len()..`, appending their keys and values to this
+    /// rank's `cache`; the output is replicated. Cost: one `all_sum` of
+    /// `[T, D]`.
+    ///
+    /// # Errors
+    /// `x` is not `[T, D]`, or an MLX error.
+    pub fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        cache: &mut LayerCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        let &[t, d] = x.global_shape() else {
+            return Err(Error::Shape(format!(
+                "attention takes tokens [T, D], got {:?}",
+                x.global_shape()
+            )));
+        };
+        let partial = if self.split.query.1 == 0 {
+            // More ranks than query heads: this rank holds none.
+            safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
+        } else {
+            self.attend(x.local(), t, cache, s)?
+        };
+        ShardedArray::<Partial>::from_local(partial, x.comm(), &[t, d])?.all_sum(s)
+    }
+
+    /// This rank's heads: `[T, D]`, its share of the output projection.
+    fn attend(&self, x: &Array, t: i32, cache: &mut LayerCache, s: &Stream) -> Result<Array> {
+        let hd = self.config.head_dim as i32;
+        let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
+        let project = |w: &Array, bias: Option<&Array>, heads: i32| -> Result<Array> {
+            let mut y = x.matmul(w, s)?;
+            if let Some(b) = bias {
+                y = y.add(b, s)?;
+            }
+            // [T, heads * hd] -> [1, heads, T, hd]
+            Ok(y.reshape(&[1, t, heads, hd], s)?
+                .transpose_axes(&[0, 2, 1, 3], s)?)
+        };
+        let bias = |i: usize| self.biases.as_ref().map(|b| &b[i]);
+        let mut q = project(&self.q, bias(0), heads)?;
+        let mut k = project(&self.k, bias(1), kv_heads)?;
+        let v = project(&self.v, bias(2), kv_heads)?;
+        if let Some([q_norm, k_norm]) = &self.norms {
+            q = safemlx::fast::rms_norm(&q, q_norm, self.config.norm_eps, s)?;
+            k = safemlx::fast::rms_norm(&k, k_norm, self.config.norm_eps, s)?;
+        }
+        let offset = cache.len();
+        let q = self.config.rope.apply(&q, offset, s)?;
+        let k = self.config.rope.apply(&k, offset, s)?;
+        let (keys, values) = cache.append(&k, &v, s)?;
+        let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let out =
+            safemlx::fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None, s)?;
+        // [1, heads, T, hd] -> [T, heads * hd]
+        let out = out
+            .transpose_axes(&[0, 2, 1, 3], s)?
+            .reshape(&[t, heads * hd], s)?;
+        Ok(out.matmul(&self.o, s)?)
+    }
+}
+
+/// Checks that `{name}` is `[rows, D]` (with `D` = `d` when given); returns `D`.
+fn expect_shape(dir: &HfDirectory, name: &str, d: Option<usize>, rows: usize) -> Result<usize> {
+    let shape = &dir.info(name)?.shape;
+    match shape.as_slice() {
+        &[r, got] if r as usize == rows && d.is_none_or(|d| d == got as usize) => Ok(got as usize),
+        _ => Err(disagree(dir, name, shape, &[rows, d.unwrap_or(0)])),
+    }
+}
+
+fn disagree(dir: &HfDirectory, name: &str, shape: &[i32], want: &[usize]) -> Error {
+    Error::Model {
+        path: dir.path().display().to_string(),
+        message: format!(
+            "tensor `{name}` has shape {shape:?} but the configuration gives {want:?} (0: any)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeadSplit;
+
+    fn splits(heads: usize, kv: usize, n: usize) -> Vec<((usize, usize), (usize, usize))> {
+        (0..n)
+            .map(|r| {
+                let s = HeadSplit::new(heads, kv, r, n).unwrap();
+                (s.query, s.kv)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn query_heads_follow_their_kv_head() {
+        // SmolLM2-135M: 9 query heads over 3 KV heads.
+        assert_eq!(splits(9, 3, 1), [((0, 9), (0, 3))]);
+        assert_eq!(splits(9, 3, 2), [((0, 6), (0, 2)), ((6, 3), (2, 1))]);
+        assert_eq!(
+            splits(9, 3, 3),
+            [((0, 3), (0, 1)), ((3, 3), (1, 1)), ((6, 3), (2, 1))]
+        );
+        // More ranks than KV heads: KV head 0 is replicated on ranks 0 and 1.
+        assert_eq!(
+            splits(9, 3, 4),
+            [
+                ((0, 2), (0, 1)),
+                ((2, 1), (0, 1)),
+                ((3, 3), (1, 1)),
+                ((6, 3), (2, 1))
+            ]
+        );
+        // More ranks than query heads: rank 2 holds none.
+        assert_eq!(
+            splits(2, 1, 3),
+            [((0, 1), (0, 1)), ((1, 1), (0, 1)), ((2, 0), (0, 1))]
+        );
+        assert!(HeadSplit::new(9, 2, 0, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("must be a non-zero multiple of the KV heads"));
+    }
+}

@@ -1,0 +1,134 @@
+//! The KV cache: each rank keeps the keys and values of its own KV heads.
+//!
+//! Each layer's cache is a buffer `[1, kv_heads, capacity, head_dim]` that
+//! grows by [`STEP`] positions at a time; new positions are written into it
+//! with a slice update (MLX updates in place when nothing else holds the
+//! buffer), so a decode step does not copy the whole cache.
+
+use safemlx::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use safemlx::{Array, Stream};
+
+use crate::error::{Error, Result};
+
+/// Positions added to a layer's buffers when they are full.
+pub const STEP: i32 = 256;
+
+/// One layer's keys and values on this rank.
+#[derive(Debug, Default)]
+pub struct LayerCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    len: usize,
+}
+
+impl LayerCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of the buffers (their capacity, not just what is filled).
+    pub fn nbytes(&self) -> usize {
+        [&self.keys, &self.values]
+            .iter()
+            .filter_map(|a| a.as_ref())
+            .map(Array::nbytes)
+            .sum()
+    }
+
+    /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns every
+    /// cached position's keys and values, `[1, kv_heads, len, head_dim]`.
+    ///
+    /// # Errors
+    /// `k` and `v` of other shapes than the cached ones, or an MLX error.
+    pub fn append(&mut self, k: &Array, v: &Array, s: &Stream) -> Result<(Array, Array)> {
+        let shape = k.shape().to_vec();
+        let &[1, _, t, _] = shape.as_slice() else {
+            return Err(Error::Shape(format!(
+                "the KV cache takes keys [1, kv_heads, T, head_dim], got {shape:?}"
+            )));
+        };
+        if v.shape() != shape.as_slice() {
+            return Err(Error::Shape(format!(
+                "the KV cache got keys {shape:?} and values {:?}",
+                v.shape()
+            )));
+        }
+        let start =
+            i32::try_from(self.len).map_err(|_| Error::ShapeOverflow { value: self.len })?;
+        let end = start + t;
+        let keys = write(&mut self.keys, k, start, end, s)?;
+        let values = write(&mut self.values, v, start, end, s)?;
+        self.len = end as usize;
+        Ok((keys, values))
+    }
+}
+
+/// Writes `x` (`[1, heads, T, hd]`) at positions `start..end` of `buffer`,
+/// growing it by whole [`STEP`]s when full; returns positions `0..end`.
+fn write(buffer: &mut Option<Array>, x: &Array, start: i32, end: i32, s: &Stream) -> Result<Array> {
+    let (heads, hd) = (x.shape()[1], x.shape()[3]);
+    let capacity = match buffer.as_ref() {
+        Some(b) if b.shape()[1] != heads || b.shape()[3] != hd => {
+            return Err(Error::Shape(format!(
+                "the KV cache holds [1, {}, _, {}] but got {:?}",
+                b.shape()[1],
+                b.shape()[3],
+                x.shape()
+            )));
+        }
+        Some(b) => b.shape()[2],
+        None => 0,
+    };
+    let mut full = match buffer.take() {
+        Some(old) if end <= capacity => old,
+        old => {
+            let grow = (end - capacity + STEP - 1) / STEP * STEP;
+            let more = safemlx::ops::zeros_dtype(&[1, heads, grow, hd], x.dtype(), s)?;
+            match old {
+                Some(old) => safemlx::ops::concatenate_axis(&[&old, &more], 2, s)?,
+                None => more,
+            }
+        }
+    };
+    full.try_index_mut_device((.., .., start..end, ..), x, s)?;
+    let filled = full.try_index_device((.., .., 0..end, ..), s)?;
+    *buffer = Some(full);
+    Ok(filled)
+}
+
+/// Every layer's cache on this rank.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    /// One per layer, in order.
+    pub layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: (0..layers).map(|_| LayerCache::default()).collect(),
+        }
+    }
+
+    /// Positions cached (those of the first layer).
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of every layer's buffers on this rank.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+}

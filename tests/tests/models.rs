@@ -1,0 +1,130 @@
+//! Llama-family models from Hugging Face directories at 1, 2, 3 and 4
+//! ranks: the prompt's logits equal mlx-lm's for the same weights (goldens
+//! made by `tests/golden/make_llama_goldens.py`), decoding with the KV
+//! cache equals the whole-sequence logits, and every rank reads only its
+//! part of the weights.
+
+use std::path::{Path, PathBuf};
+
+use safemlx::Stream;
+use safemlx_dist::checkpoint::{Checkpoint, HfDirectory};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::models::Llama;
+use safemlx_dist::nn::gather_logits;
+use safemlx_dist::{Backend, Group};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::{host, max_relative_error};
+
+/// Every case of the golden script: (directory, what it covers).
+const CASES: [(&str, &str); 5] = [
+    ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
+    (
+        "llama3-kv1-sharded",
+        "1 KV head, Llama 3 RoPE scaling, 2 shards",
+    ),
+    ("mistral-kv2", "Mistral"),
+    ("qwen2-bias", "q/k/v biases"),
+    ("qwen3-qknorm", "q/k norms, head_dim 16"),
+];
+
+fn golden_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/llama")
+        .join(case)
+}
+
+/// The prompt and mlx-lm's logits `[T, V]` (row-major).
+fn golden(case: &str, s: &Stream) -> (Vec<u32>, Vec<f32>) {
+    let file = Checkpoint::open(golden_dir(case).join("golden.safetensors")).expect("golden");
+    let tokens = file
+        .read("tokens", s)
+        .and_then(|a| Ok(a.into_evaluated()?))
+        .expect("tokens")
+        .try_to_vec::<i32>()
+        .expect("i32");
+    let logits = host(&file.read("logits", s).expect("logits"), s);
+    (tokens.into_iter().map(|t| t as u32).collect(), logits)
+}
+
+/// Total tensor bytes of a model directory.
+fn model_bytes(dir: &HfDirectory) -> u64 {
+    dir.names()
+        .map(|n| dir.info(n).expect("info").nbytes())
+        .sum()
+}
+
+fn check_case(group: &Group, case: &str, about: &str) {
+    let s = cpu();
+    let (n, rank) = (group.size(), group.rank());
+    let what = format!("{case} ({about}) at rank {rank} of {n}");
+    let (prompt, want) = golden(case, &s);
+    let dir = HfDirectory::open(golden_dir(case)).expect("opens");
+    let model = Llama::from_hf(group, &dir, &s).expect("loads");
+    let vocab = model.config().vocab_size;
+    if n > 1 {
+        let read = dir.bytes_read();
+        assert!(
+            read < model_bytes(&dir) * 3 / 4,
+            "{what}: read {read} of {} bytes",
+            model_bytes(&dir)
+        );
+    }
+
+    // The whole prompt at once.
+    let mut cache = model.new_cache();
+    let logits = model.forward(&prompt, &mut cache, &s).expect("forward");
+    let t = prompt.len();
+    let full = gather_logits(&logits, 0..t, &s).expect("gather");
+    assert_eq!(full.global_shape(), [t as i32, vocab as i32]);
+    let got = host(full.local(), &s);
+    let err = max_relative_error(&got, &want);
+    assert!(err <= 1e-4, "{what}: prompt logits relative error {err}");
+    assert_eq!(cache.len(), t);
+
+    // Prefill all but the last 3 tokens, then decode one at a time: each
+    // step's logits equal the row of the whole-prompt logits.
+    let mut cache = model.new_cache();
+    let split = t - 3;
+    let logits = model
+        .forward(&prompt[..split], &mut cache, &s)
+        .expect("prefill");
+    let last = gather_logits(&logits, split - 1..split, &s).expect("gather");
+    let row = |i: usize| &want[i * vocab..(i + 1) * vocab];
+    let err = max_relative_error(&host(last.local(), &s), row(split - 1));
+    assert!(
+        err <= 1e-4,
+        "{what}: prefill's last row relative error {err}"
+    );
+    for (i, &token) in prompt.iter().enumerate().skip(split) {
+        let logits = model.forward(&[token], &mut cache, &s).expect("decode");
+        let step = gather_logits(&logits, 0..1, &s).expect("gather");
+        let err = max_relative_error(&host(step.local(), &s), row(i));
+        assert!(err <= 1e-4, "{what}: decode step {i} relative error {err}");
+    }
+    assert_eq!(cache.len(), t);
+    assert!(cache.nbytes() > 0);
+}
+
+fn all_cases(group: &Group) {
+    for (case, about) in CASES {
+        check_case(group, case, about);
+    }
+}
+
+#[test]
+fn llama_family_logits_equal_mlx_lm_at_one_to_four_ranks() {
+    for n in 1..=4 {
+        Ranks::new(n)
+            .backend(Backend::Ring)
+            .run_test(all_cases)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+}
+
+#[test]
+fn llama_family_logits_equal_mlx_lm_under_mpi() {
+    Ranks::new(2)
+        .backend(Backend::Mpi)
+        .run_test(all_cases)
+        .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
+}
