@@ -46,11 +46,15 @@ pub fn backend_from_args() -> Result<Backend, String> {
     name.parse().map_err(|e: safemlx_dist::Error| e.to_string())
 }
 
-/// An array's values as `f32`, evaluated, for printing.
+/// An array's values as `f32` in logical (row-major) order, evaluated.
+/// (`try_to_vec` reads the storage as it lies, which for a transposed or
+/// sliced view is not the logical order: a row-contiguous copy first.)
 pub fn values(array: &Array, stream: &Stream) -> Result<Vec<f32>, String> {
     let as_f32 = array
         .as_dtype(safemlx::Dtype::Float32, stream)
+        .and_then(|a| a.contiguous(false, stream))
         .map_err(|e| e.what().to_owned())?;
+    safemlx_dist::eval(&[&as_f32]).map_err(|e| e.to_string())?;
     let evaluated = as_f32.evaluated().map_err(|e| e.what().to_owned())?;
     evaluated.try_to_vec::<f32>().map_err(|e| e.to_string())
 }
@@ -149,13 +153,8 @@ pub fn check_requested() -> bool {
 
 /// Prints the `--check` line and fails above a relative error of 1e-4.
 pub fn report_check(label: &str, got: &Array, want: &Array) -> Result<(), String> {
-    let read = |a: &Array| {
-        safemlx_dist::eval(&[a]).map_err(|e| e.to_string())?;
-        a.evaluated()
-            .map_err(|e| e.what().to_owned())?
-            .try_to_vec::<f32>()
-            .map_err(|e| e.to_string())
-    };
+    let stream = cpu_stream();
+    let read = |a: &Array| values(a, &stream);
     let (got, want) = (read(got)?, read(want)?);
     let (max_abs, rel) = compare(&got, &want)?;
     println!("{label}: --check against the dense computation: max abs error {max_abs:.3e}, max relative error {rel:.3e}");

@@ -27,10 +27,12 @@ extern crate self as safemlx_dist;
 
 pub mod checkpoint;
 mod error;
+pub mod generate;
 pub mod launch;
 pub mod models;
 pub mod nn;
 mod runtime;
+pub mod tokenizer;
 pub mod typed;
 
 #[cfg(doctest)]

@@ -68,3 +68,54 @@ fn the_collective_profile_times_each_collective_and_its_wait() {
         })
         .unwrap();
 }
+
+/// Collectives of strided views (a transpose, a column slice): MLX's ring
+/// and MPI backends send the input's buffer as it lies, so a view that is
+/// not row-contiguous used to come back scrambled (found through a model's
+/// vocabulary-parallel logits, gathered along axis 1).
+fn check_strided_inputs(group: &safemlx_dist::Group) {
+    use safemlx::Array;
+    use safemlx_dist::{all_gather, all_sum, sum_scatter};
+    use safemlx_dist_tests::dense::host;
+    let s = safemlx_dist_tests::cpu();
+    let (r, n) = (group.rank() as f32, group.size() as i32);
+    let values: Vec<f32> = (0..6 * 4 * n).map(|i| i as f32 + 100.0 * r).collect();
+    let base = Array::from_slice(&values, &[6, 4 * n]);
+    let view = base.transpose(&s).unwrap(); // [4n, 6], strided
+    let dense = view.contiguous(false, &s).unwrap();
+    let pairs = [
+        (
+            all_sum(&view, group, &s).unwrap(),
+            all_sum(&dense, group, &s).unwrap(),
+        ),
+        (
+            all_gather(&view, group, &s).unwrap(),
+            all_gather(&dense, group, &s).unwrap(),
+        ),
+        (
+            sum_scatter(&view, group, &s).unwrap(),
+            sum_scatter(&dense, group, &s).unwrap(),
+        ),
+    ];
+    for (i, (got, want)) in pairs.iter().enumerate() {
+        assert_eq!(got.shape(), want.shape(), "collective {i}");
+        assert_eq!(
+            host(got, &s),
+            host(want, &s),
+            "collective {i} of a strided view"
+        );
+    }
+}
+
+#[test]
+fn strided_views_are_sent_in_logical_order() {
+    for n in [2, 3] {
+        Ranks::new(n)
+            .run_test(check_strided_inputs)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+    Ranks::new(2)
+        .backend(Backend::Mpi)
+        .run_test(check_strided_inputs)
+        .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
+}

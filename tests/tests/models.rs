@@ -2,12 +2,12 @@
 //! ranks: the prompt's logits equal mlx-lm's for the same weights (goldens
 //! made by `tests/golden/make_llama_goldens.py`), decoding with the KV
 //! cache equals the whole-sequence logits, and every rank reads only its
-//! part of the weights.
+//! part of the weights; the same for GGUF copies of two of the models.
 
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::{Checkpoint, HfDirectory};
+use safemlx_dist::checkpoint::{Checkpoint, GgufFile, HfDirectory, TensorSource};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
@@ -55,19 +55,31 @@ fn model_bytes(dir: &HfDirectory) -> u64 {
 
 fn check_case(group: &Group, case: &str, about: &str) {
     let s = cpu();
+    let dir = HfDirectory::open(golden_dir(case)).expect("opens");
+    let model = Llama::from_hf(group, &dir, &s).expect("loads");
+    let total = model_bytes(&dir);
+    check_model(group, &model, (dir.bytes_read(), total), case, about);
+}
+
+/// The GGUF copy of `case` (F32, q/k rows in llama.cpp's order for `llama`).
+fn check_gguf_case(group: &Group, case: &str, about: &str) {
+    let s = cpu();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/gguf/{case}.gguf"));
+    let file = GgufFile::open(&path).expect("opens");
+    let total: u64 = file.tensors().values().map(|t| t.nbytes()).sum();
+    let (model, weights) = Llama::from_gguf(group, file, &s).expect("loads");
+    let about = format!("GGUF, {about}");
+    check_model(group, &model, (weights.bytes_read(), total), case, &about);
+}
+
+fn check_model(group: &Group, model: &Llama, (read, total): (u64, u64), case: &str, about: &str) {
+    let s = cpu();
     let (n, rank) = (group.size(), group.rank());
     let what = format!("{case} ({about}) at rank {rank} of {n}");
     let (prompt, want) = golden(case, &s);
-    let dir = HfDirectory::open(golden_dir(case)).expect("opens");
-    let model = Llama::from_hf(group, &dir, &s).expect("loads");
     let vocab = model.config().vocab_size;
     if n > 1 {
-        let read = dir.bytes_read();
-        assert!(
-            read < model_bytes(&dir) * 3 / 4,
-            "{what}: read {read} of {} bytes",
-            model_bytes(&dir)
-        );
+        assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
     }
 
     // The whole prompt at once.
@@ -109,7 +121,16 @@ fn all_cases(group: &Group) {
     for (case, about) in CASES {
         check_case(group, case, about);
     }
+    for (case, about) in GGUF_CASES {
+        check_gguf_case(group, case, about);
+    }
 }
+
+/// The cases also written as GGUF by `tests/golden/make_gguf_goldens.py`.
+const GGUF_CASES: [(&str, &str); 2] = [
+    ("llama-tied-kv3", "llama.cpp's q/k row order"),
+    ("qwen3-qknorm", "qwen3"),
+];
 
 #[test]
 fn llama_family_logits_equal_mlx_lm_at_one_to_four_ranks() {

@@ -24,19 +24,24 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
-/// Where the native MLX build is kept between clean checkouts:
-/// `$SAFEMLX_NATIVE_BUILD_ROOT` if set, else `$XDG_CACHE_HOME/safemlx-dist/native`,
-/// else `$HOME/.cache/safemlx-dist/native`.
-pub fn native_build_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("SAFEMLX_NATIVE_BUILD_ROOT") {
-        return PathBuf::from(dir);
-    }
+/// The project's cache: `$XDG_CACHE_HOME/safemlx-dist`, else
+/// `$HOME/.cache/safemlx-dist`.
+pub fn cache_root() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| root().join("target"));
-    cache.join("safemlx-dist").join("native")
+    cache.join("safemlx-dist")
+}
+
+/// Where the native MLX build is kept between clean checkouts:
+/// `$SAFEMLX_NATIVE_BUILD_ROOT` if set, else `<cache>/native`.
+pub fn native_build_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SAFEMLX_NATIVE_BUILD_ROOT") {
+        return PathBuf::from(dir);
+    }
+    cache_root().join("native")
 }
 
 /// A `cargo` command in the workspace root with the native build cache set.

@@ -2,7 +2,8 @@
 //!
 //! - `setup`   install missing Debian prerequisites and mdbook
 //! - `test`    setup, fmt, clippy, the whole test suite, the book
-//! - `demo`    setup, release build, run the collectives example
+//! - `demo`    setup, fetch SmolLM2, release build, run the collectives,
+//!   a transformer block and SmolLM2 on 1, 2 and 3 ranks
 //! - `bindgen` regenerate `ffi/src/bindings.rs` from the MLX-C headers
 //! - `bench collectives` measure every collective and lowering (JSON lines)
 //! - `bench layers` measure the parallel layers against dense (JSON lines)
@@ -10,6 +11,7 @@
 mod bench;
 mod bindings;
 mod cmd;
+mod models;
 mod setup;
 mod tasks;
 

@@ -26,6 +26,12 @@ pub fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// What the demo needs: the Debian packages, not mdbook (only the book
+/// build in `cargo xtask test` uses it).
+pub fn run_for_demo() -> Result<(), String> {
+    install_debian_packages(DEBIAN_PACKAGES)
+}
+
 fn is_installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])

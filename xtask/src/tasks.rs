@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use crate::{cmd, setup};
+use crate::{cmd, models, setup};
 
 pub fn test() -> Result<(), String> {
     let started = Instant::now();
@@ -25,7 +25,10 @@ pub fn test() -> Result<(), String> {
     // Unit, integration, multi-process and doctests, including the book's
     // chapters, which `safemlx-dist` compiles through its `#[cfg(doctest)]`
     // module (see `safemlx-dist/src/book.rs`).
-    cmd::run(cmd::cargo(&["test", "--release", "--workspace"]))?;
+    let model = models::fetch_smollm2()?;
+    let mut tests = cmd::cargo(&["test", "--release", "--workspace"]);
+    tests.env("SAFEMLX_SMOLLM2_GGUF", &model);
+    cmd::run(tests)?;
     let mut docs = cmd::cargo(&["doc", "--release", "--workspace", "--no-deps"]);
     docs.env("RUSTDOCFLAGS", "-D warnings");
     cmd::run(docs)?;
@@ -58,21 +61,41 @@ pub fn build_examples_and_launcher() -> Result<std::path::PathBuf, String> {
 
 /// Builds the examples and `safemlx-launch` in release, then runs the
 /// collectives example and the transformer block (with `--check` against
-/// the dense block) as 4 ring ranks on loopback.
+/// the dense block) as 4 ring ranks on loopback, and SmolLM2 answering a
+/// chat prompt on 1 rank, then on 2 and 3 ranks with `--check`.
 pub fn demo() -> Result<(), String> {
-    setup::run()?;
+    setup::run_for_demo()?;
+    let model = models::fetch_smollm2()?;
     let release = build_examples_and_launcher()?;
-    for (example, args) in [
-        ("collectives", &[][..]),
-        ("transformer_block", &["--check"][..]),
-    ] {
+    let launch = |ranks: &str, example: &str, args: &[&str]| {
         let mut launch = Command::new(release.join("safemlx-launch"));
         launch
-            .args(["-n", "4", "--backend", "ring", "--timeout", "120", "--"])
+            .args(["-n", ranks, "--backend", "ring", "--timeout", "300", "--"])
             .arg(release.join("examples").join(example))
             .args(args)
             .current_dir(cmd::root());
-        cmd::run(launch)?;
+        cmd::run(launch)
+    };
+    launch("4", "collectives", &[])?;
+    launch("4", "transformer_block", &["--check"])?;
+    let model = model.display().to_string();
+    let chat = [
+        "--model",
+        &model,
+        "--chat",
+        "--prompt",
+        DEMO_PROMPT,
+        "--max-tokens",
+        "48",
+    ];
+    launch("1", "generate", &chat)?;
+    for ranks in ["2", "3"] {
+        let mut args = chat.to_vec();
+        args.push("--check");
+        launch(ranks, "generate", &args)?;
     }
     Ok(())
 }
+
+/// The demo's chat prompt.
+const DEMO_PROMPT: &str = "What is the capital of France, and what is it famous for?";

@@ -28,7 +28,9 @@
 //! ```
 
 mod format;
+mod gguf;
 mod hf;
+mod source;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -40,7 +42,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use safemlx::{Array, Dtype, Stream};
 
 pub use format::TensorInfo;
+pub use gguf::{dequantize, GgmlType, GgufFile, GgufTensor, GgufValue};
 pub use hf::HfDirectory;
+pub use source::{GgufWeights, TensorSource};
 
 use crate::error::{Error, Result};
 use crate::typed::collective::slice_axis;

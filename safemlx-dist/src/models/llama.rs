@@ -16,7 +16,7 @@
 use safemlx::{Array, Stream};
 
 use super::config::LlamaConfig;
-use crate::checkpoint::HfDirectory;
+use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, TensorSource};
 use crate::error::{Error, Result};
 use crate::nn::{
     GqaAttention, GqaConfig, KvCache, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
@@ -54,8 +54,41 @@ impl Llama {
     /// one whose shape disagrees with the configuration; the message names
     /// the directory, the key or the tensor.
     pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
+        let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
+        Self::load(group, dir, config, s)
+    }
+
+    /// Loads this rank's part of a GGUF file, dequantizing its tensors to
+    /// `float32`; returns the model and the weights it read them through
+    /// (for [`TensorSource::bytes_read`]).
+    ///
+    /// # Errors
+    /// Those of [`LlamaConfig::from_gguf`] and [`load`](Self::load).
+    pub fn from_gguf(group: &Group, file: GgufFile, s: &Stream) -> Result<(Self, GgufWeights)> {
+        let config = LlamaConfig::from_gguf(&file, s)?;
+        // llama.cpp reorders the q/k rows of `llama` models only.
+        let permuted = (config.family == super::Family::Llama).then_some((
+            config.heads,
+            config.kv_heads,
+            config.head_dim,
+        ));
+        let weights = GgufWeights::new(file, permuted);
+        Ok((Self::load(group, &weights, config, s)?, weights))
+    }
+
+    /// Loads this rank's part of the tensors of `dir` (Hugging Face names)
+    /// for the model `config` describes.
+    ///
+    /// # Errors
+    /// A missing tensor or one whose shape disagrees with the
+    /// configuration; the message names it.
+    pub fn load(
+        group: &Group,
+        dir: &dyn TensorSource,
+        config: LlamaConfig,
+        s: &Stream,
+    ) -> Result<Self> {
         let path = dir.path().display().to_string();
-        let config = LlamaConfig::from_hf(dir.config(), &path)?;
         let c = &config;
         let embed = VocabParallelEmbedding::from_hf(group, dir, "model.embed_tokens.weight", s)?;
         let embed_shape = embed.weight.global_shape();

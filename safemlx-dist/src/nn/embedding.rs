@@ -2,7 +2,7 @@
 
 use safemlx::{Array, Dtype, Stream};
 
-use crate::checkpoint::HfDirectory;
+use crate::checkpoint::TensorSource;
 use crate::error::{Error, Result};
 use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
 use crate::{sharded, Group};
@@ -25,8 +25,8 @@ impl VocabParallelEmbedding {
     ///
     /// # Errors
     /// A missing tensor or one that is not 2-D.
-    pub fn from_hf(group: &Group, dir: &HfDirectory, name: &str, s: &Stream) -> Result<Self> {
-        let shape = dir.info(name)?.shape.clone();
+    pub fn from_hf(group: &Group, dir: &dyn TensorSource, name: &str, s: &Stream) -> Result<Self> {
+        let shape = dir.shape(name)?;
         let &[vocab, _] = shape.as_slice() else {
             return Err(Error::Model {
                 path: dir.path().display().to_string(),

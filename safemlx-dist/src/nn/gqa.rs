@@ -18,7 +18,7 @@ use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
 use super::kv_cache::LayerCache;
-use crate::checkpoint::HfDirectory;
+use crate::checkpoint::TensorSource;
 use crate::error::{Error, Result};
 use crate::typed::{chunk, Partial, Replicated, ShardedArray};
 use crate::Group;
@@ -150,7 +150,7 @@ impl GqaAttention {
     /// (the message names it).
     pub fn from_hf(
         group: &Group,
-        dir: &HfDirectory,
+        dir: &dyn TensorSource,
         prefix: &str,
         config: &GqaConfig,
         s: &Stream,
@@ -162,7 +162,7 @@ impl GqaAttention {
         let d = expect_shape(dir, &name("q_proj.weight"), None, config.heads * hd)?;
         expect_shape(dir, &name("k_proj.weight"), Some(d), config.kv_heads * hd)?;
         expect_shape(dir, &name("v_proj.weight"), Some(d), config.kv_heads * hd)?;
-        let o_shape = &dir.info(&name("o_proj.weight"))?.shape;
+        let o_shape = &dir.shape(&name("o_proj.weight"))?;
         if o_shape.as_slice() != [d as i32, (config.heads * hd) as i32] {
             return Err(disagree(
                 dir,
@@ -182,7 +182,7 @@ impl GqaAttention {
             .transpose(s)?;
         let biases = if config.qkv_bias {
             let bias = |part: &str, heads, total| -> Result<Array> {
-                let shape = &dir.info(&name(part))?.shape;
+                let shape = &dir.shape(&name(part))?;
                 if shape.as_slice() != [total as i32] {
                     return Err(disagree(dir, &name(part), shape, &[total]));
                 }
@@ -198,7 +198,7 @@ impl GqaAttention {
         };
         let norms = if config.qk_norm {
             let norm = |part: &str| -> Result<Array> {
-                let shape = &dir.info(&name(part))?.shape;
+                let shape = &dir.shape(&name(part))?;
                 if shape.as_slice() != [hd as i32] {
                     return Err(disagree(dir, &name(part), shape, &[hd]));
                 }
@@ -304,15 +304,20 @@ impl GqaAttention {
 }
 
 /// Checks that `{name}` is `[rows, D]` (with `D` = `d` when given); returns `D`.
-fn expect_shape(dir: &HfDirectory, name: &str, d: Option<usize>, rows: usize) -> Result<usize> {
-    let shape = &dir.info(name)?.shape;
+fn expect_shape(
+    dir: &dyn TensorSource,
+    name: &str,
+    d: Option<usize>,
+    rows: usize,
+) -> Result<usize> {
+    let shape = &dir.shape(name)?;
     match shape.as_slice() {
         &[r, got] if r as usize == rows && d.is_none_or(|d| d == got as usize) => Ok(got as usize),
         _ => Err(disagree(dir, name, shape, &[rows, d.unwrap_or(0)])),
     }
 }
 
-fn disagree(dir: &HfDirectory, name: &str, shape: &[i32], want: &[usize]) -> Error {
+fn disagree(dir: &dyn TensorSource, name: &str, shape: &[i32], want: &[usize]) -> Error {
     Error::Model {
         path: dir.path().display().to_string(),
         message: format!(

@@ -2,7 +2,7 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::HfDirectory;
+use crate::checkpoint::TensorSource;
 use crate::error::Error;
 use crate::typed::{chunk, Replicated, Sharded, ShardedArray};
 use crate::{sharded, Group, Result};
@@ -35,7 +35,7 @@ impl SwiGluMlp {
     /// A missing tensor, or one whose shape is not the configuration's.
     pub fn from_hf(
         group: &Group,
-        dir: &HfDirectory,
+        dir: &dyn TensorSource,
         prefix: &str,
         (dim, hidden): (usize, usize),
         s: &Stream,
@@ -44,7 +44,7 @@ impl SwiGluMlp {
         let (d, h) = (dim as i32, hidden as i32);
         let check = |name: &str, want: [i32; 2]| -> Result<String> {
             let name = format!("{prefix}{name}");
-            let shape = &dir.info(&name)?.shape;
+            let shape = &dir.shape(&name)?;
             if shape.as_slice() != want {
                 return Err(Error::Model {
                     path: dir.path().display().to_string(),

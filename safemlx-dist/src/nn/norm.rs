@@ -2,7 +2,7 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::HfDirectory;
+use crate::checkpoint::TensorSource;
 use crate::error::{Error, Result};
 use crate::typed::{Replicated, ShardedArray};
 use crate::Group;
@@ -24,13 +24,13 @@ impl RmsNorm {
     /// A missing tensor, or one that is not `[dim]`.
     pub fn from_hf(
         group: &Group,
-        dir: &HfDirectory,
+        dir: &dyn TensorSource,
         name: &str,
         dim: usize,
         eps: f32,
         s: &Stream,
     ) -> Result<Self> {
-        let shape = &dir.info(name)?.shape;
+        let shape = &dir.shape(name)?;
         if shape.as_slice() != [dim as i32] {
             return Err(Error::Model {
                 path: dir.path().display().to_string(),

@@ -1,0 +1,622 @@
+//! GGUF (version 3) files, as llama.cpp writes them.
+//!
+//! Layout: `GGUF`, version `u32`, tensor count `u64`, metadata count `u64`;
+//! the metadata (key string, type `u32`, value); the tensor table (name,
+//! dimension count `u32`, dimensions `u64` innermost first, type `u32`,
+//! offset `u64`); then, from the next multiple of `general.alignment` (32
+//! by default), the tensors' data at their offsets. Strings are a `u64`
+//! length and UTF-8 bytes; everything is little-endian.
+//!
+//! Tensors of type F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are read, quantized
+//! ones dequantized to `float32` on load (blocks of 32 values: Q8_0 is an
+//! f16 scale and 32 `i8`; Q4_0 an f16 scale and 16 bytes of 4-bit values
+//! offset by 8; Q4_1 an f16 scale, an f16 minimum and 16 bytes; value `j`
+//! of a block is the low nibble of byte `j`, value `j + 16` its high one).
+//! Only the rows (or the blocks of the columns) a rank asks for are read.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use safemlx::{Array, Stream};
+
+use crate::error::{Error, Result};
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    /// Any of the integer types, widened.
+    Int(i128),
+    /// `f32` or `f64`.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    String(String),
+    /// An array of values.
+    Array(Vec<GgufValue>),
+}
+
+impl GgufValue {
+    /// The value as a whole number, if it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Self::Int(v) => u64::try_from(*v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Self::Int(v) => Some(*v as f64),
+            Self::Float(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The value as a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The value as an array.
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            Self::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// The tensor types read here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    /// `float32`.
+    F32,
+    /// `float16`.
+    F16,
+    /// `bfloat16`.
+    Bf16,
+    /// 8-bit, blocks of 32 with an f16 scale.
+    Q8_0,
+    /// 4-bit, blocks of 32 with an f16 scale (values offset by 8).
+    Q4_0,
+    /// 4-bit, blocks of 32 with an f16 scale and minimum.
+    Q4_1,
+}
+
+impl GgmlType {
+    /// (elements, bytes) of one block.
+    fn block(self) -> (usize, usize) {
+        match self {
+            Self::F32 => (1, 4),
+            Self::F16 | Self::Bf16 => (1, 2),
+            Self::Q8_0 => (32, 34),
+            Self::Q4_0 => (32, 18),
+            Self::Q4_1 => (32, 20),
+        }
+    }
+
+    fn from_code(code: u32) -> std::result::Result<Self, String> {
+        Ok(match code {
+            0 => Self::F32,
+            1 => Self::F16,
+            30 => Self::Bf16,
+            8 => Self::Q8_0,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            other => return Err(format!("{} ({other})", ggml_type_name(other))),
+        })
+    }
+}
+
+/// llama.cpp's names of its tensor types, for messages.
+fn ggml_type_name(code: u32) -> &'static str {
+    const NAMES: [&str; 31] = [
+        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
+        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
+        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
+    ];
+    NAMES
+        .get(code as usize)
+        .copied()
+        .unwrap_or("an unknown type")
+}
+
+/// Where a tensor is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensor {
+    /// Its type.
+    pub kind: GgmlType,
+    /// Row-major shape (GGUF's dimensions reversed: `[out, in]` for a weight).
+    pub shape: Vec<i32>,
+    offset: u64,
+    nbytes: u64,
+}
+
+impl GgufTensor {
+    /// Bytes of the tensor in the file.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+}
+
+/// An open GGUF file: metadata and tensor table parsed and checked, tensors
+/// read on demand.
+#[derive(Debug)]
+pub struct GgufFile {
+    path: PathBuf,
+    file: File,
+    version: u32,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: BTreeMap<String, GgufTensor>,
+    data_start: u64,
+    bytes_read: AtomicU64,
+}
+
+/// The most tensors, metadata entries and array elements one file may
+/// declare; more is a damaged file (a count read from garbage).
+const MAX_COUNT: u64 = 1 << 24;
+
+/// Reads the header's primitives, counting bytes, never past `len`.
+struct Header<R: Read> {
+    reader: R,
+    at: u64,
+    len: u64,
+}
+
+impl<R: Read> Header<R> {
+    fn bytes(&mut self, n: u64, what: &str) -> std::result::Result<Vec<u8>, String> {
+        if n > self.len.saturating_sub(self.at) {
+            return Err(format!(
+                "{what} at byte {} needs {n} bytes but the file ends at {}; the file is truncated or damaged",
+                self.at, self.len
+            ));
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.reader
+            .read_exact(&mut buf)
+            .map_err(|e| format!("cannot read {what} at byte {}: {e}", self.at))?;
+        self.at += n;
+        Ok(buf)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
+        let bytes = self.bytes(N as u64, what)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(&bytes);
+        Ok(out)
+    }
+
+    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn count(&mut self, what: &str) -> std::result::Result<u64, String> {
+        let n = self.u64(what)?;
+        if n > MAX_COUNT {
+            return Err(format!(
+                "{what} is {n}, more than a GGUF file holds; the file is damaged"
+            ));
+        }
+        Ok(n)
+    }
+
+    fn string(&mut self, what: &str) -> std::result::Result<String, String> {
+        let n = self.u64(what)?;
+        let bytes = self.bytes(n, what)?;
+        String::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8"))
+    }
+
+    fn value(
+        &mut self,
+        kind: u32,
+        what: &str,
+        depth: u32,
+    ) -> std::result::Result<GgufValue, String> {
+        Ok(match kind {
+            0 => GgufValue::Int(self.array::<1>(what)?[0].into()),
+            1 => GgufValue::Int(i8::from_le_bytes(self.array(what)?).into()),
+            2 => GgufValue::Int(u16::from_le_bytes(self.array(what)?).into()),
+            3 => GgufValue::Int(i16::from_le_bytes(self.array(what)?).into()),
+            4 => GgufValue::Int(self.u32(what)?.into()),
+            5 => GgufValue::Int(i32::from_le_bytes(self.array(what)?).into()),
+            6 => GgufValue::Float(f32::from_le_bytes(self.array(what)?).into()),
+            7 => GgufValue::Bool(self.array::<1>(what)?[0] != 0),
+            8 => GgufValue::String(self.string(what)?),
+            9 if depth == 0 => {
+                let inner = self.u32(what)?;
+                let n = self.count(what)?;
+                let values = (0..n)
+                    .map(|_| self.value(inner, what, depth + 1))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                GgufValue::Array(values)
+            }
+            10 => GgufValue::Int(self.u64(what)?.into()),
+            11 => GgufValue::Int(i64::from_le_bytes(self.array(what)?).into()),
+            12 => GgufValue::Float(f64::from_le_bytes(self.array(what)?)),
+            other => {
+                return Err(format!(
+                    "{what} has value type {other}, which GGUF does not define"
+                ))
+            }
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens `path` and parses its metadata and tensor table.
+    ///
+    /// # Errors
+    /// Not a GGUF file, a version other than 2 or 3, a truncated or damaged
+    /// header, a tensor of a type not read here (named with its type), a
+    /// tensor whose data lies outside the file or overlaps another; the
+    /// message names the file and the tensor.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let fail = |message: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            message,
+        };
+        let kind = std::fs::metadata(&path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        if !kind.is_file() {
+            return Err(fail("is not a regular file; give a GGUF file".to_owned()));
+        }
+        let file = File::open(&path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let len = kind.len();
+        let mut h = Header {
+            reader: BufReader::new(
+                file.try_clone()
+                    .map_err(|e| fail(format!("cannot open: {e}")))?,
+            ),
+            at: 0,
+            len,
+        };
+        let magic = h.array::<4>("the magic number").map_err(&fail)?;
+        if &magic != b"GGUF" {
+            return Err(fail(
+                "does not start with GGUF; this is not a GGUF file".to_owned(),
+            ));
+        }
+        let version = h.u32("the version").map_err(&fail)?;
+        if !(2..=3).contains(&version) {
+            return Err(fail(format!(
+                "is GGUF version {version}; versions 2 and 3 are read"
+            )));
+        }
+        let tensor_count = h.count("the tensor count").map_err(&fail)?;
+        let kv_count = h.count("the metadata count").map_err(&fail)?;
+        let mut metadata = BTreeMap::new();
+        for i in 0..kv_count {
+            let key = h.string(&format!("metadata key {i}")).map_err(&fail)?;
+            let kind = h.u32(&format!("the type of `{key}`")).map_err(&fail)?;
+            let value = h
+                .value(kind, &format!("metadata `{key}`"), 0)
+                .map_err(&fail)?;
+            if metadata.insert(key.clone(), value).is_some() {
+                return Err(fail(format!("metadata `{key}` appears twice")));
+            }
+        }
+        let mut table = Vec::new();
+        for i in 0..tensor_count {
+            let name = h
+                .string(&format!("the name of tensor {i}"))
+                .map_err(&fail)?;
+            let what = format!("tensor `{name}`");
+            let dims = h.u32(&what).map_err(&fail)?;
+            if dims == 0 || dims > 4 {
+                return Err(fail(format!(
+                    "{what} has {dims} dimensions; GGUF tensors have 1 to 4"
+                )));
+            }
+            let mut shape = (0..dims)
+                .map(|_| h.u64(&what))
+                .collect::<std::result::Result<Vec<u64>, _>>()
+                .map_err(&fail)?;
+            shape.reverse();
+            let code = h.u32(&what).map_err(&fail)?;
+            let kind = GgmlType::from_code(code).map_err(|t| {
+                fail(format!(
+                    "{what} has type {t}, which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+                ))
+            })?;
+            let offset = h.u64(&what).map_err(&fail)?;
+            table.push((name, kind, shape, offset));
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => v
+                .as_u64()
+                .filter(|a| *a > 0 && a.is_power_of_two())
+                .ok_or_else(|| fail(format!("general.alignment is {v:?}, not a power of two")))?,
+        };
+        let data_start = h.at.div_ceil(alignment) * alignment;
+        let data_len = len.saturating_sub(data_start);
+        let mut tensors = BTreeMap::new();
+        for (name, kind, shape, offset) in table {
+            let info = tensor_info(kind, &shape, offset, alignment, data_len)
+                .map_err(|e| fail(format!("tensor `{name}` {e}")))?;
+            if tensors.insert(name.clone(), info).is_some() {
+                return Err(fail(format!(
+                    "tensor `{name}` appears twice in the tensor table"
+                )));
+            }
+        }
+        let mut spans: Vec<(&String, &GgufTensor)> = tensors.iter().collect();
+        spans.sort_by_key(|(_, t)| t.offset);
+        for pair in spans.windows(2) {
+            let ((a, ta), (b, tb)) = (pair[0], pair[1]);
+            if ta.offset + ta.nbytes > tb.offset {
+                return Err(fail(format!("tensors `{a}` and `{b}` overlap in the data")));
+            }
+        }
+        Ok(Self {
+            path,
+            file,
+            version,
+            metadata,
+            tensors,
+            data_start,
+            bytes_read: AtomicU64::new(0),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GGUF version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The metadata, by key.
+    pub fn metadata(&self) -> &BTreeMap<String, GgufValue> {
+        &self.metadata
+    }
+
+    /// The tensors, by name.
+    pub fn tensors(&self) -> &BTreeMap<String, GgufTensor> {
+        &self.tensors
+    }
+
+    /// Tensor data bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Checkpoint {
+            path: self.path.display().to_string(),
+            message,
+        }
+    }
+
+    /// Tensor `name`'s entry.
+    ///
+    /// # Errors
+    /// No such tensor (some that exist are listed).
+    pub fn tensor(&self, name: &str) -> Result<&GgufTensor> {
+        self.tensors.get(name).ok_or_else(|| {
+            let mut names: Vec<&str> = self.tensors.keys().map(String::as_str).take(12).collect();
+            if self.tensors.len() > names.len() {
+                names.push("...");
+            }
+            self.error(format!(
+                "has no tensor `{name}`; it has: {}",
+                names.join(", ")
+            ))
+        })
+    }
+
+    fn read_at(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+        let mut bytes = vec![0u8; len as usize];
+        self.file
+            .read_exact_at(&mut bytes, self.data_start + start)
+            .map_err(|e| self.error(format!("cannot read tensor `{name}`: {e}")))?;
+        self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    /// The whole tensor `name`, dequantized to `float32`.
+    ///
+    /// # Errors
+    /// No such tensor, or a failed read.
+    pub fn read(&self, name: &str, s: &Stream) -> Result<Array> {
+        let t = self.tensor(name)?;
+        let (rows, _) = rows_of(&t.shape, t.kind);
+        self.read_rows(name, &[(0, rows)], s)
+    }
+
+    /// Rows `ranges` (`(first, count)` along the outermost axis) of tensor
+    /// `name`, dequantized to `float32` and concatenated.
+    ///
+    /// # Errors
+    /// No such tensor, rows past its end, or a failed read.
+    pub fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        let t = self.tensor(name)?;
+        let (rows, row_len) = rows_of(&t.shape, t.kind);
+        let (per_block, block_bytes) = t.kind.block();
+        let row_bytes = (row_len / per_block * block_bytes) as u64;
+        let mut values = Vec::new();
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > rows) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {rows} rows; rows {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+            let bytes = self.read_at(
+                name,
+                t.offset + first as u64 * row_bytes,
+                count as u64 * row_bytes,
+            )?;
+            values.extend(dequantize(t.kind, &bytes));
+        }
+        let _ = s;
+        let mut shape = t.shape.clone();
+        let picked: usize = ranges.iter().map(|r| r.1).sum();
+        shape[0] = (picked * if shape.len() == 1 { row_len } else { 1 }) as i32;
+        Ok(Array::from_slice(&values, &shape))
+    }
+
+    /// Columns `ranges` of the 2-D tensor `name`, dequantized: per row, the
+    /// blocks that hold the columns are read and the columns kept.
+    ///
+    /// # Errors
+    /// No such tensor, not 2-D, columns past its end, or a failed read.
+    pub fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        let _ = s;
+        let t = self.tensor(name)?;
+        let &[rows, columns] = t.shape.as_slice() else {
+            return Err(self.error(format!(
+                "tensor `{name}` has shape {:?}; reading columns needs a 2-D tensor",
+                t.shape
+            )));
+        };
+        let (rows, columns) = (rows as usize, columns as usize);
+        let (per_block, block_bytes) = t.kind.block();
+        let row_bytes = (columns / per_block * block_bytes) as u64;
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > columns) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {columns} columns; columns {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+        }
+        let width: usize = ranges.iter().map(|r| r.1).sum();
+        let mut values = Vec::with_capacity(rows * width);
+        for row in 0..rows {
+            for &(first, count) in ranges.iter().filter(|r| r.1 > 0) {
+                let (b0, b1) = (first / per_block, (first + count).div_ceil(per_block));
+                let start = t.offset + row as u64 * row_bytes + (b0 * block_bytes) as u64;
+                let bytes = self.read_at(name, start, ((b1 - b0) * block_bytes) as u64)?;
+                let block_values = dequantize(t.kind, &bytes);
+                let skip = first - b0 * per_block;
+                values.extend_from_slice(&block_values[skip..skip + count]);
+            }
+        }
+        Ok(Array::from_slice(&values, &[rows as i32, width as i32]))
+    }
+}
+
+/// (rows, elements per row) of a row-major shape; a vector's rows are its
+/// elements, or one row when it is quantized in blocks.
+fn rows_of(shape: &[i32], kind: GgmlType) -> (usize, usize) {
+    match shape {
+        [n] if kind.block().0 == 1 => (*n as usize, 1),
+        [n] => (1, *n as usize),
+        [rows, rest @ ..] => (*rows as usize, rest.iter().map(|&d| d as usize).product()),
+        [] => (1, 1),
+    }
+}
+
+fn tensor_info(
+    kind: GgmlType,
+    shape: &[u64],
+    offset: u64,
+    alignment: u64,
+    data_len: u64,
+) -> std::result::Result<GgufTensor, String> {
+    let shape: Vec<i32> = shape
+        .iter()
+        .map(|&d| i32::try_from(d).ok().filter(|d| *d > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("has dimensions {shape:?}, which are not positive i32 sizes"))?;
+    let (per_block, block_bytes) = kind.block();
+    let inner = *shape.last().unwrap_or(&1) as u64;
+    if inner % per_block as u64 != 0 {
+        return Err(format!(
+            "is {kind:?} with rows of {inner} values, not a whole number of {per_block}-value blocks"
+        ));
+    }
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    let nbytes = elements
+        .map(|e| e / per_block as u64 * block_bytes as u64)
+        .ok_or("has a size that overflows")?;
+    if offset % alignment != 0 {
+        return Err(format!(
+            "starts at offset {offset}, not a multiple of the alignment {alignment}"
+        ));
+    }
+    if offset.checked_add(nbytes).is_none_or(|end| end > data_len) {
+        return Err(format!(
+            "holds bytes {offset}..{} of the data but the file has {data_len} bytes of data; the file is truncated or the offset is wrong",
+            offset.saturating_add(nbytes)
+        ));
+    }
+    Ok(GgufTensor {
+        kind,
+        shape,
+        offset,
+        nbytes,
+    })
+}
+
+fn f16(bytes: &[u8]) -> f32 {
+    half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
+}
+
+/// The `float32` values of whole blocks of `kind` (see the module docs).
+pub fn dequantize(kind: GgmlType, bytes: &[u8]) -> Vec<f32> {
+    let (per_block, block_bytes) = kind.block();
+    let mut out = Vec::with_capacity(bytes.len() / block_bytes * per_block);
+    for block in bytes.chunks_exact(block_bytes) {
+        match kind {
+            GgmlType::F32 => out.push(f32::from_le_bytes([block[0], block[1], block[2], block[3]])),
+            GgmlType::F16 => out.push(f16(block)),
+            GgmlType::Bf16 => out.push(half::bf16::from_le_bytes([block[0], block[1]]).to_f32()),
+            GgmlType::Q8_0 => {
+                let d = f16(&block[..2]);
+                out.extend(block[2..].iter().map(|&q| f32::from(q as i8) * d));
+            }
+            GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let d = f16(&block[..2]);
+                let (m, qs) = match kind {
+                    GgmlType::Q4_1 => (f16(&block[2..4]), &block[4..]),
+                    _ => (-8.0 * d, &block[2..]),
+                };
+                out.extend(qs.iter().map(|&q| f32::from(q & 0x0F) * d + m));
+                out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_dequantize_low_nibbles_first() {
+        let mut q4_1 = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+        q4_1.extend(half::f16::from_f32(-1.0).to_le_bytes());
+        q4_1.extend((0..16u8).map(|j| j | (15 - j) << 4));
+        let v = dequantize(GgmlType::Q4_1, &q4_1);
+        assert_eq!(v.len(), 32);
+        assert_eq!((v[0], v[1], v[15]), (-1.0, -0.5, 6.5));
+        assert_eq!((v[16], v[31]), (6.5, -1.0));
+        let mut q8 = half::f16::from_f32(0.25).to_le_bytes().to_vec();
+        q8.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        let v = dequantize(GgmlType::Q8_0, &q8);
+        assert_eq!((v[0], v[16], v[31]), (-4.0, 0.0, 3.75));
+        let mut q4_0 = half::f16::from_f32(2.0).to_le_bytes().to_vec();
+        q4_0.extend([0x8Fu8; 16]);
+        let v = dequantize(GgmlType::Q4_0, &q4_0);
+        assert_eq!((v[0], v[16]), (14.0, 0.0));
+    }
+}

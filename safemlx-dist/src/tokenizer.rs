@@ -1,0 +1,268 @@
+//! Text to tokens and back, and chat prompts: Hugging Face's `tokenizers`
+//! for the tokenizer (from `tokenizer.json`, or built from a GGUF file's
+//! `gpt2`-style vocabulary and merges), and the model's own Jinja chat
+//! template rendered with `minijinja`.
+
+use std::path::Path;
+
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::AddedToken;
+
+use crate::checkpoint::{GgufFile, GgufValue};
+use crate::error::{Error, Result};
+
+/// A tokenizer and, when the model has one, its chat template.
+#[derive(Debug)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos: Option<String>,
+    eos: Option<String>,
+}
+
+fn model_error(path: &Path, message: String) -> Error {
+    Error::Model {
+        path: path.display().to_string(),
+        message,
+    }
+}
+
+/// GGUF token types: 3 is a control token, 4 a user-defined one; both are
+/// matched whole, before the BPE sees the text.
+const SPECIAL_TOKEN_TYPES: [i128; 2] = [3, 4];
+
+impl Tokenizer {
+    /// The tokenizer of a Hugging Face model directory: `tokenizer.json`,
+    /// and the chat template of `tokenizer_config.json` (or of
+    /// `chat_template.jinja`) when there is one.
+    ///
+    /// # Errors
+    /// A missing or invalid `tokenizer.json`.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| model_error(&path, format!("cannot read the tokenizer: {e}")))?;
+        let config: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let chat_template = config
+            .get("chat_template")
+            .and_then(|t| t.as_str())
+            .map(str::to_owned)
+            .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        let token = |key: &str| -> Option<String> {
+            match config.get(key)? {
+                serde_json::Value::String(s) => Some(s.clone()),
+                other => other.get("content")?.as_str().map(str::to_owned),
+            }
+        };
+        Ok(Self {
+            inner,
+            chat_template,
+            bos: token("bos_token"),
+            eos: token("eos_token"),
+        })
+    }
+
+    /// The tokenizer a GGUF file describes: `tokenizer.ggml.model` `gpt2`
+    /// (byte-level BPE) with its tokens, merges and token types, the
+    /// pre-tokenizer of `tokenizer.ggml.pre`, and `tokenizer.chat_template`.
+    ///
+    /// # Errors
+    /// Another tokenizer model, or a missing or ill-typed key (named).
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let path = file.path();
+        let meta = file.metadata();
+        let fail = |m: String| model_error(path, m);
+        let model = meta
+            .get("tokenizer.ggml.model")
+            .and_then(GgufValue::as_str)
+            .ok_or_else(|| fail("has no tokenizer.ggml.model".to_owned()))?;
+        if model != "gpt2" {
+            return Err(fail(format!(
+                "tokenizer.ggml.model is \"{model}\"; only gpt2 (byte-level BPE) vocabularies are read from GGUF"
+            )));
+        }
+        let strings = |key: &str| -> Result<Vec<String>> {
+            meta.get(key)
+                .and_then(GgufValue::as_array)
+                .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
+                .ok_or_else(|| fail(format!("has no list of strings {key}")))
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| fail(format!("tokenizer.ggml.merges has {m:?}, not two tokens")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let types: Vec<i128> = meta
+            .get("tokenizer.ggml.token_type")
+            .and_then(GgufValue::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|v| match v {
+                        GgufValue::Int(t) => *t,
+                        _ => 1,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let vocab: Vec<(String, u32)> = tokens.iter().cloned().zip(0u32..).collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(
+                vocab
+                    .into_iter()
+                    .collect::<tokenizers::models::bpe::Vocab>(),
+                merges,
+            )
+            .build()
+            .map_err(|e| fail(format!("cannot build the BPE tokenizer: {e}")))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let byte_level = ByteLevel::new(false, true, true);
+        match meta.get("tokenizer.ggml.pre").and_then(GgufValue::as_str) {
+            // SmolLM's and Llama 3's split every digit on its own first.
+            Some("smollm" | "llama-bpe" | "llama3") => {
+                inner.with_pre_tokenizer(Some(Sequence::new(vec![
+                    Digits::new(true).into(),
+                    byte_level.into(),
+                ])));
+            }
+            _ => {
+                inner.with_pre_tokenizer(Some(byte_level));
+            }
+        }
+        inner.with_decoder(Some(ByteLevel::default()));
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, t)| SPECIAL_TOKEN_TYPES.contains(t))
+            .map(|(token, _)| AddedToken::from(token.clone(), true))
+            .collect();
+        inner.add_special_tokens(&special);
+        let token_of = |key: &str| -> Option<String> {
+            let id = meta.get(key)?.as_u64()?;
+            tokens.get(usize::try_from(id).ok()?).cloned()
+        };
+        Ok(Self {
+            inner,
+            chat_template: meta
+                .get("tokenizer.chat_template")
+                .and_then(GgufValue::as_str)
+                .map(str::to_owned),
+            bos: token_of("tokenizer.ggml.bos_token_id"),
+            eos: token_of("tokenizer.ggml.eos_token_id"),
+        })
+    }
+
+    /// The token ids of `text` (special tokens such as `<|im_start|>`
+    /// matched whole; no BOS added: chat templates write their own).
+    ///
+    /// # Errors
+    /// The tokenizer's error.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Shape(format!("cannot tokenize the prompt: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids` (special tokens kept when `skip_special` is false).
+    ///
+    /// # Errors
+    /// The tokenizer's error (e.g. an id outside the vocabulary).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| Error::Shape(format!("cannot decode tokens: {e}")))
+    }
+
+    /// A decoder that turns ids into text one at a time, holding back
+    /// bytes that are not yet a whole UTF-8 character (for streaming).
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            tokenizer: self,
+            ids: Vec::new(),
+            shown: 0,
+        }
+    }
+
+    /// The chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// `messages` (role, content) rendered with the model's chat template,
+    /// ending with the prompt for the assistant's turn.
+    ///
+    /// # Errors
+    /// No chat template, or one that fails to render (the engine's message).
+    pub fn apply_chat_template(&self, messages: &[(&str, &str)]) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            Error::Shape("the model has no chat template; leave out --chat".to_owned())
+        })?;
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    message,
+                ))
+            },
+        );
+        let render_error =
+            |e: minijinja::Error| Error::Shape(format!("the chat template does not render: {e}"));
+        env.add_template("chat", template).map_err(render_error)?;
+        let messages: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|(role, content)| minijinja::context! { role => *role, content => *content })
+            .collect();
+        env.get_template("chat")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    messages => messages,
+                    add_generation_prompt => true,
+                    bos_token => self.bos.clone().unwrap_or_default(),
+                    eos_token => self.eos.clone().unwrap_or_default(),
+                })
+            })
+            .map_err(render_error)
+    }
+}
+
+/// Streaming decode: see [`Tokenizer::stream`].
+#[derive(Debug)]
+pub struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    ids: Vec<u32>,
+    shown: usize,
+}
+
+impl TextStream<'_> {
+    /// Adds `id`; returns the text that is now complete (possibly empty).
+    ///
+    /// # Errors
+    /// The tokenizer's error.
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = self.tokenizer.decode(&self.ids, true)?;
+        // A byte sequence cut inside a character decodes to U+FFFD: wait.
+        if text.ends_with('\u{FFFD}') {
+            return Ok(String::new());
+        }
+        let Some(new) = text.get(self.shown..).map(str::to_owned) else {
+            return Ok(String::new());
+        };
+        self.shown = text.len();
+        Ok(new)
+    }
+}

