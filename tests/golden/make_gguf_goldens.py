@@ -44,9 +44,32 @@ def permute(w, heads):
             .swapaxes(1, 2).reshape(w.shape))
 
 
+def llama3_factors(config):
+    """convert_hf_to_gguf.py's rope_freqs for Llama 3 scaling."""
+    r = config["rope_scaling"]
+    dim = config["hidden_size"] // config["num_attention_heads"]
+    base = config["rope_theta"]
+    low = r["original_max_position_embeddings"] / r["low_freq_factor"]
+    high = r["original_max_position_embeddings"] / r["high_freq_factor"]
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * np.pi / freq
+        if wavelen < high:
+            factors.append(1.0)
+        elif wavelen > low:
+            factors.append(r["factor"])
+        else:
+            smooth = (r["original_max_position_embeddings"] / wavelen - r["low_freq_factor"]) / (
+                r["high_freq_factor"] - r["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / r["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def write_model(case, arch):
     config = json.loads((HERE / "llama" / case / "config.json").read_text())
-    tensors = load_file(HERE / "llama" / case / "model.safetensors")
+    tensors = {}
+    for file in sorted((HERE / "llama" / case).glob("model*.safetensors")):
+        tensors.update(load_file(file))
     w = gguf.GGUFWriter(OUT / f"{case}.gguf", arch)
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     w.add_block_count(config["num_hidden_layers"])
@@ -63,6 +86,8 @@ def write_model(case, arch):
     w.add_vocab_size(config["vocab_size"])
     w.add_bos_token_id(config["bos_token_id"])
     w.add_eos_token_id(config["eos_token_id"])
+    if config.get("rope_scaling", {}).get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_factors(config))
     names = {"model.embed_tokens.weight": "token_embd.weight",
              "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
     layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -127,8 +152,11 @@ def write_tokenizer_golden(path):
 
 def main():
     OUT.mkdir(exist_ok=True)
-    write_model("llama-tied-kv3", "llama")
-    write_model("qwen3-qknorm", "qwen3")
+    # llama.cpp stores Mistral as `llama`.
+    for case, arch in [("llama-tied-kv3", "llama"), ("llama3-kv1-sharded", "llama"),
+                       ("mistral-kv2", "llama"), ("qwen2-bias", "qwen2"),
+                       ("qwen3-qknorm", "qwen3")]:
+        write_model(case, arch)
     write_quants()
     if os.environ.get("SMOLLM2_GGUF"):
         write_tokenizer_golden(Path(os.environ["SMOLLM2_GGUF"]).expanduser())

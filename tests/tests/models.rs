@@ -127,8 +127,11 @@ fn all_cases(group: &Group) {
 }
 
 /// The cases also written as GGUF by `tests/golden/make_gguf_goldens.py`.
-const GGUF_CASES: [(&str, &str); 2] = [
+const GGUF_CASES: [(&str, &str); 5] = [
     ("llama-tied-kv3", "llama.cpp's q/k row order"),
+    ("llama3-kv1-sharded", "Llama 3 scaling as rope_freqs.weight"),
+    ("mistral-kv2", "Mistral as llama"),
+    ("qwen2-bias", "qwen2 biases"),
     ("qwen3-qknorm", "qwen3"),
 ];
 
