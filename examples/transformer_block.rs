@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use safemlx::{Array, Stream};
 use safemlx_dist::nn::{rms_norm, TransformerBlock};
+use safemlx_dist::typed::chunk;
 use safemlx_dist::{init, ShardedArray};
 use safemlx_dist_examples::{
     backend_from_args, check_requested, checkpoint, cpu_stream, dense, report_check,
@@ -123,11 +124,15 @@ fn run() -> Result<(), String> {
             .shape[1];
         format!(
             "{experts} experts ({} here, top-{TOP_K})",
-            experts as usize / n
+            chunk(experts as usize, rank, n).1
         )
     } else {
         let hidden = file.info(&format!("{PREFIX}mlp.down")).map_err(err)?.shape[0];
-        format!("hidden {hidden} ({} here)", hidden as usize / n)
+        // The chunk rule: 301 over 4 ranks is 76 + 75 + 75 + 75.
+        format!(
+            "hidden {hidden} ({} here)",
+            chunk(hidden as usize, rank, n).1
+        )
     };
     let x = weights(&[TOKENS, dim], 8, 1.0);
     let xr = ShardedArray::replicated(x.clone(), &group);

@@ -31,6 +31,9 @@ pub struct Moe;
 #[doc = include_str!("../../book/src/checkpoints.md")]
 pub struct Checkpoints;
 
+#[doc = include_str!("../../book/src/models.md")]
+pub struct Models;
+
 #[doc = include_str!("../../book/src/design.md")]
 pub struct Design;
 

@@ -1,6 +1,7 @@
 //! Text generation: prefill the prompt, then decode one token at a time
 //! with the KV cache, sampling from the full logits of the last position
-//! only (one `all_gather` of `[1, V]` per step).
+//! only (the LM head runs on that position alone; one `all_gather` of
+//! `[1, V]` per step).
 //!
 //! Every rank computes the same gathered logits and runs the same seeded
 //! sampler, so every rank produces the same tokens without a broadcast.
@@ -188,8 +189,8 @@ fn step(
     sampler: &mut Sampler,
     s: &Stream,
 ) -> Result<u32> {
-    let logits = model.forward(tokens, cache, s)?;
-    let last = gather_logits(&logits, tokens.len() - 1..tokens.len(), s)?;
+    let logits = model.forward_last(tokens, cache, s)?;
+    let last = gather_logits(&logits, 0..1, s)?;
     // Row-contiguous: `try_to_vec` reads storage order, not logical order.
     let last = last.into_local().contiguous(false, s)?;
     crate::eval(&[&last])?;

@@ -361,3 +361,79 @@ fn ranks_exit_when_their_launcher_is_killed() {
         launcher_killed(TEST, "mpi", signal);
     }
 }
+
+/// A rank of the stall test: all_sums in a loop; rank 2 stops itself (as a
+/// debugger or a deadlock would) after its 6th.
+fn stalling_rank(backend: safemlx_dist::Backend) {
+    let group = safemlx_dist::init(true, backend).expect("joins");
+    println!("pid {} rank {}", std::process::id(), group.rank());
+    let s = safemlx::Stream::new_with_device(&safemlx::Device::new(safemlx::DeviceType::Cpu, 0));
+    let x = safemlx::Array::from_slice(&[1.0f32; 16], &[16]);
+    for i in 0.. {
+        let y = safemlx_dist::all_sum(&x, &group, &s).expect("all_sum");
+        safemlx_dist::eval(&[&y]).expect("evaluates");
+        if group.rank() == 2 && i == 5 {
+            nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP).expect("stops");
+        }
+    }
+}
+
+/// With one rank stopped and no --timeout, the collective timeout ends the
+/// run and the launcher names the stopped rank from the progress files;
+/// nothing is left running.
+#[test]
+fn a_stopped_rank_is_named_after_the_collective_timeout() {
+    const TEST: &str = "a_stopped_rank_is_named_after_the_collective_timeout";
+    match std::env::var("LAUNCH_CLI_STALL_RANK").as_deref() {
+        Ok("ring") => return stalling_rank(safemlx_dist::Backend::Ring),
+        Ok(_) => return stalling_rank(safemlx_dist::Backend::Mpi),
+        Err(_) => {}
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    for backend in ["ring", "mpi"] {
+        let started = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+            .args(["-n", "3", "--backend", backend, "--"])
+            .arg(&exe)
+            .args([TEST, "--exact", "--nocapture"])
+            .env("LAUNCH_CLI_STALL_RANK", backend)
+            .env("SAFEMLX_DIST_TIMEOUT", "2")
+            .output()
+            .expect("safemlx-launch runs");
+        let took = started.elapsed();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
+        // Rank 2 stops after its 6th all_sum; the others wait in the 7th.
+        assert!(
+            err.contains("after a collective timed out: rank 2 never entered all_sum #7 (rank 2 is at all_sum #6); ranks 0, 1 wait in it"),
+            "{backend}: {err}"
+        );
+        assert!(
+            err.contains(
+                "waited 2 s in all_sum #7 (group of 3, [16] Float32) without it completing"
+            ),
+            "{backend}: {err}"
+        );
+        assert!(took < Duration::from_secs(15), "{backend}: took {took:?}");
+        let pids: Vec<u32> = stdout(&out)
+            .lines()
+            .filter_map(|l| {
+                l.split("] pid ")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        assert_eq!(pids.len(), 3, "{backend}: every rank reported");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !pids.iter().all(|&p| gone(p)) {
+            assert!(
+                Instant::now() < deadline,
+                "{backend}: ranks {pids:?} left running"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

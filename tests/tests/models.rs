@@ -93,6 +93,15 @@ fn check_model(group: &Group, model: &Llama, (read, total): (u64, u64), case: &s
     assert!(err <= 1e-4, "{what}: prompt logits relative error {err}");
     assert_eq!(cache.len(), t);
 
+    // The last position only (what generation samples from).
+    let mut cache = model.new_cache();
+    let last = model
+        .forward_last(&prompt, &mut cache, &s)
+        .expect("forward_last");
+    let last = gather_logits(&last, 0..1, &s).expect("gather");
+    let err = max_relative_error(&host(last.local(), &s), &want[(t - 1) * vocab..]);
+    assert!(err <= 1e-4, "{what}: forward_last relative error {err}");
+
     // Prefill all but the last 3 tokens, then decode one at a time: each
     // step's logits equal the row of the whole-prompt logits.
     let mut cache = model.new_cache();

@@ -76,8 +76,22 @@ fn check(group: &Group) {
     );
     let dense = x.matmul(&w1, &s).unwrap().add(&b1, &s).unwrap();
     let dense = dense.matmul(&w2, &s).unwrap().add(&b2, &s).unwrap();
-    let col = ColumnParallelLinear::from_full(group, w1, b1, &s).expect("column");
-    let row = RowParallelLinear::from_full(group, w2, b2, &s).expect("row");
+    // Without biases first (Llama's projections), then with.
+    let plain = x.matmul(&w1, &s).unwrap().matmul(&w2, &s).unwrap();
+    let col = ColumnParallelLinear::from_full(group, w1.clone(), None, &s).expect("column");
+    let row = RowParallelLinear::from_full(group, w2.clone(), None, &s).expect("row");
+    let hidden = col.forward(&xr, &s).expect("column forward");
+    assert_close(
+        row.forward(&hidden, &s).unwrap().local(),
+        &plain,
+        "linear pair without biases",
+        &s,
+    );
+    let (full, bias) = col.gather_full(&s).unwrap();
+    assert_close(&full, &w1, "gathered column weight", &s);
+    assert!(bias.is_none());
+    let col = ColumnParallelLinear::from_full(group, w1, Some(b1), &s).expect("column");
+    let row = RowParallelLinear::from_full(group, w2, Some(b2), &s).expect("row");
     let hidden = col.forward(&xr, &s).expect("column forward");
     assert_close(
         row.forward(&hidden, &s).unwrap().local(),

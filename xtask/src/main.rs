@@ -7,6 +7,7 @@
 //! - `bindgen` regenerate `ffi/src/bindings.rs` from the MLX-C headers
 //! - `bench collectives` measure every collective and lowering (JSON lines)
 //! - `bench layers` measure the parallel layers against dense (JSON lines)
+//! - `bench generate` SmolLM2 generation at 1-3 ranks beside mlx-lm and llama.cpp
 
 mod bench;
 mod bindings;
@@ -17,7 +18,8 @@ mod tasks;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers>";
+const USAGE: &str =
+    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -15,6 +15,7 @@
 
 mod hostfile;
 mod mpi;
+mod progress;
 mod ranks;
 mod supervise;
 mod watchdog;
@@ -32,6 +33,7 @@ pub(crate) use watchdog::watch_launcher;
 pub use watchdog::LAUNCHER_ENV;
 
 use crate::Backend;
+use progress::ProgressDir;
 use supervise::{supervise, Outcome, Relabel};
 
 /// The environment variable that tells a program which backend it was started for.
@@ -95,12 +97,15 @@ pub enum LaunchError {
         reason: String,
     },
     /// A rank exited unsuccessfully or was killed; the others were stopped.
-    #[error("rank {rank} failed ({status}); the other ranks were stopped")]
+    #[error("rank {rank} failed ({status}); the other ranks were stopped{detail}")]
     RankFailed {
         /// The first rank seen failing.
         rank: usize,
         /// Its exit status or signal.
         status: String,
+        /// After a collective timeout (status 124), which rank was behind,
+        /// from the ranks' progress files: `: rank 2 never entered ...`.
+        detail: String,
     },
     /// `mpirun` failed without naming a rank.
     #[error("mpirun failed ({status}); see its output above")]
@@ -116,12 +121,14 @@ pub enum LaunchError {
         lines: Vec<String>,
     },
     /// The timeout passed; every rank was stopped.
-    #[error("timed out after {seconds} s; ranks still running: {running}")]
+    #[error("timed out after {seconds} s; ranks still running: {running}{detail}")]
     TimedOut {
         /// The timeout.
         seconds: f64,
         /// The ranks still running, e.g. `0, 2` (`all` under mpirun).
         running: String,
+        /// Which rank was behind in the collectives, when one was: `; rank 2 never entered ...`.
+        detail: String,
     },
     /// The launcher got SIGTERM or SIGINT and stopped every rank.
     #[error("got signal {signal} ({name}); every rank was stopped")]
@@ -273,9 +280,56 @@ impl Launch {
         if matches!(self.backend, Backend::Mpi) {
             env.push((LAUNCHER_ENV.into(), watchdog::this_launcher().into()));
         }
-        match hosts {
-            Some(hosts) => self.run_ring(&hosts, env, &interrupt),
-            None => self.run_mpi(env, &interrupt),
+        let progress = ProgressDir::new()?;
+        env.push((crate::PROGRESS_DIR_ENV.into(), progress.path().into()));
+        // Where the ranks were when the first rank's collective timed out
+        // (or, without one, when the run ended): taken at that moment, since
+        // stopping the run can wake a stopped rank (mpirun sends SIGCONT
+        // before SIGTERM), which may then move on.
+        let mut snapshot = None;
+        let mut frozen = false;
+        let mut watch = || {
+            if !frozen {
+                frozen = progress.any_timed_out(self.ranks);
+                snapshot = progress.diagnose(self.ranks);
+            }
+        };
+        let result = match hosts {
+            Some(hosts) => self.run_ring(&hosts, env, &interrupt, &mut watch),
+            None => self.run_mpi(env, &interrupt, &mut watch),
+        };
+        result.map_err(|e| self.with_progress(e, snapshot))
+    }
+
+    /// Adds what the ranks' progress files say to a collective timeout
+    /// (a rank exiting with status 124) or the launcher's own timeout.
+    fn with_progress(&self, error: LaunchError, snapshot: Option<String>) -> LaunchError {
+        let timed_out = |status: &str| {
+            status == format!("exit status: {}", crate::TIMEOUT_EXIT)
+                || status == format!("exit code: {}", crate::TIMEOUT_EXIT)
+        };
+        match error {
+            LaunchError::RankFailed { rank, status, .. } if timed_out(&status) => {
+                let detail = snapshot.map_or_else(String::new, |d| {
+                    format!(" after a collective timed out: {d}")
+                });
+                LaunchError::RankFailed {
+                    rank,
+                    status,
+                    detail,
+                }
+            }
+            LaunchError::TimedOut {
+                seconds, running, ..
+            } => {
+                let detail = snapshot.map_or_else(String::new, |d| format!("; {d}"));
+                LaunchError::TimedOut {
+                    seconds,
+                    running,
+                    detail,
+                }
+            }
+            other => other,
         }
     }
 
@@ -284,6 +338,7 @@ impl Launch {
         hosts: &RingHosts,
         env: Vec<(OsString, OsString)>,
         interrupt: &AtomicUsize,
+        watch: &mut dyn FnMut(),
     ) -> Result<LaunchReport, LaunchError> {
         let file = hosts.write_temp()?;
         let commands = (0..self.ranks)
@@ -306,13 +361,14 @@ impl Launch {
             })
             .collect();
         let relabel: Relabel = Arc::new(|rank, line| format!("[rank {rank}] {line}"));
-        let outcome = supervise(commands, self.timeout, interrupt, relabel)?;
+        let outcome = supervise(commands, self.timeout, interrupt, relabel, watch)?;
         drop(file);
         match outcome {
             Outcome::Success => Ok(LaunchReport::default()),
             Outcome::Failed { label, status } => Err(LaunchError::RankFailed {
                 rank: label,
                 status: status.to_string(),
+                detail: String::new(),
             }),
             Outcome::TimedOut { running } => Err(self.timed_out(
                 &running
@@ -329,6 +385,7 @@ impl Launch {
         &self,
         env: Vec<(OsString, OsString)>,
         interrupt: &AtomicUsize,
+        watch: &mut dyn FnMut(),
     ) -> Result<LaunchReport, LaunchError> {
         let command = mpi::command(self.ranks, &env, &self.program, &self.args);
         // mpirun's own (untagged) lines are kept to find the failed rank.
@@ -359,7 +416,7 @@ impl Launch {
                 .collect();
             pieces.join("\n")
         });
-        match supervise(vec![(0, command)], self.timeout, interrupt, relabel)? {
+        match supervise(vec![(0, command)], self.timeout, interrupt, relabel, watch)? {
             Outcome::Success => Ok(LaunchReport {
                 mpirun_messages: report
                     .lock()
@@ -378,7 +435,11 @@ impl Launch {
                 // The wrapper's own report first: mpirun reports a rank
                 // killed by a signal as the wrapper's exit code (137).
                 Err(match reported.or_else(|| mpi::failed_rank(&lines)) {
-                    Some((rank, how)) => LaunchError::RankFailed { rank, status: how },
+                    Some((rank, how)) => LaunchError::RankFailed {
+                        rank,
+                        status: how,
+                        detail: String::new(),
+                    },
                     None => LaunchError::MpirunFailed {
                         status: status.to_string(),
                     },
@@ -393,6 +454,7 @@ impl Launch {
         LaunchError::TimedOut {
             seconds: self.timeout.map_or(0.0, |t| t.as_secs_f64()),
             running: running.to_owned(),
+            detail: String::new(),
         }
     }
 }

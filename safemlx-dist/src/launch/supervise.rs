@@ -80,11 +80,14 @@ fn signal_group(pid: u32, signal: &str) {
 /// piped output, and waits: for all to succeed, for the first failure (then
 /// the rest are stopped), for `timeout` (then all are stopped), or for a
 /// signal number to appear in `interrupt` (then all are stopped).
+/// `watch` runs at every poll and once more before any process is
+/// signalled.
 pub(crate) fn supervise(
     commands: Vec<(usize, Command)>,
     timeout: Option<Duration>,
     interrupt: &AtomicUsize,
     relabel: Relabel,
+    watch: &mut dyn FnMut(),
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
     let mut running = Vec::with_capacity(commands.len());
@@ -119,6 +122,7 @@ pub(crate) fn supervise(
     }
 
     let outcome = loop {
+        watch();
         let mut failed = None;
         for process in running.iter_mut().filter(|p| p.status.is_none()) {
             if let Ok(Some(status)) = process.child.try_wait() {
@@ -150,6 +154,9 @@ pub(crate) fn supervise(
         }
         std::thread::sleep(POLL);
     };
+    // Once more before any signal: stopping a run can wake a stopped rank
+    // (mpirun sends SIGCONT first), which would then move on.
+    watch();
     stop(&mut running);
     for forwarder in forwarders {
         let _ = forwarder.join();

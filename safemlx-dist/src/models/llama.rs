@@ -185,6 +185,46 @@ impl Llama {
         cache: &mut KvCache,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
+        let x = self.hidden(tokens, cache, s)?;
+        self.head().logits(&self.norm.forward(&x, s)?, s)
+    }
+
+    /// As [`forward`](Self::forward), but the logits of the last position
+    /// only, `[1, V]`: what generation samples from. The LM head (`V x D`
+    /// per token) then runs once instead of once per prompt token.
+    ///
+    /// # Errors
+    /// Those of [`forward`](Self::forward).
+    pub fn forward_last(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let x = self.hidden(tokens, cache, s)?;
+        let &[t, d] = x.global_shape() else {
+            return Err(Error::Shape(format!(
+                "hidden states are [T, D], got {:?}",
+                x.global_shape()
+            )));
+        };
+        let last = crate::typed::collective::slice_axis(x.local(), 0, (t - 1) as usize, 1, s)?;
+        let last = ShardedArray::from_local(last, x.comm(), &[1, d])?;
+        self.head().logits(&self.norm.forward(&last, s)?, s)
+    }
+
+    /// The LM head: its own table, or the embedding when tied.
+    fn head(&self) -> &VocabParallelEmbedding {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The residual stream after the last layer, before the final norm.
+    fn hidden(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<crate::Replicated>> {
         if tokens.is_empty() {
             return Err(Error::Shape("the model got no tokens".to_owned()));
         }
@@ -210,8 +250,7 @@ impl Llama {
                 .forward(&layer.post_attention_norm.forward(&x, s)?, s)?;
             x = x.add(&mlp, s)?;
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        head.logits(&self.norm.forward(&x, s)?, s)
+        Ok(x)
     }
 
     /// Bytes of this rank's weights.

@@ -162,7 +162,8 @@ impl TransformerBlock {
     }
 
     /// The block with sequence parallelism: tokens `[T, D]` arrive and
-    /// leave split by rows (`Sharded<0>`, `T` divisible by the rank count).
+    /// leave split by rows (`Sharded<0>`, any `T`: rows follow the chunk
+    /// rule, so 3 tokens over 2 ranks are 2 + 1 and a rank may hold none).
     /// The norms and residuals run on each rank's rows only; the attention
     /// gathers the rows (`all_gather`) before its column-parallel QKV and
     /// scatters after its row-parallel output (`sum_scatter`); the MLP does

@@ -16,6 +16,13 @@ use super::validate;
 use crate::error::{PeerRole, Result};
 
 fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
+    let name = match op {
+        Unary::AllSum => "all_sum",
+        Unary::AllMax => "all_max",
+        Unary::AllMin => "all_min",
+        _ => "all_reduce",
+    };
+    group.enter(name, input);
     profile::timed(input, || reduce_untimed(op, input, group, stream))
 }
 
@@ -75,6 +82,7 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
         return Ok(input.clone());
     }
     validate::all_gather(input.shape(), group.size())?;
+    group.enter("all_gather", input);
     profile::timed(input, || {
         native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
     })
@@ -99,6 +107,7 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
         return Ok(input.clone());
     }
     validate::sum_scatter(input.shape(), group.size())?;
+    group.enter("sum_scatter", input);
     let stream = stream.as_ref();
     profile::timed(input, || {
         match lowering::sum_scatter(
@@ -146,6 +155,7 @@ pub fn all_to_all_v(
     if group.is_singleton() {
         return Ok(input.clone());
     }
+    group.enter("all_to_all_v", input);
     profile::timed(input, || {
         native::all_to_all_v(
             input,

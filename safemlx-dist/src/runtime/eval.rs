@@ -25,13 +25,27 @@ use crate::error::Result;
 /// # Ok::<(), safemlx_dist::Error>(())
 /// ```
 ///
+/// Once this process has entered a collective of a group of several
+/// ranks, the wait is bounded by `SAFEMLX_DIST_TIMEOUT` seconds (default
+/// 600): past it, the rank prints the collective it waits in (`all_sum
+/// #38 (group of 4, [1, 576] Float32)`) and exits with status 124, since a
+/// peer that never joins would otherwise hold every rank forever.
+///
 /// # Errors
 /// What the evaluation raised (e.g. a collective's transport error).
 pub fn eval(arrays: &[&Array]) -> Result<()> {
     let event = safemlx::transforms::async_eval_with_event(arrays.iter().copied())?;
     let started = Instant::now();
     let mut pause = Duration::from_micros(5);
+    let limit = if super::progress::bounded() {
+        Some(super::progress::timeout_from_env()?)
+    } else {
+        None
+    };
     while !event.is_complete()? {
+        if let Some(limit) = limit.filter(|l| started.elapsed() >= *l) {
+            super::progress::expire(limit);
+        }
         std::thread::sleep(pause);
         // Short waits (a collective step) are noticed within 50 us; long
         // ones (a step of compute) wake this thread only every millisecond.

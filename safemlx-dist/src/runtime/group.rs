@@ -1,6 +1,6 @@
 //! Owned MLX distributed groups.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::fmt;
 use std::rc::Rc;
 
@@ -25,6 +25,8 @@ pub struct Group {
     backend: Backend,
     lowering: Lowering,
     p2p: Rc<OnceCell<P2pStreams>>,
+    /// Collectives entered on this group so far (shared by clones).
+    entered: Rc<Cell<u64>>,
 }
 
 impl Group {
@@ -42,7 +44,22 @@ impl Group {
             backend,
             lowering,
             p2p: Rc::default(),
+            entered: Rc::default(),
         })
+    }
+
+    /// Counts a collective `op` on this group (see `progress.rs`).
+    pub(crate) fn enter(&self, op: &'static str, input: &Array) {
+        let seq = self.entered.get() + 1;
+        self.entered.set(seq);
+        super::progress::enter(op, seq, self.size, input);
+    }
+
+    /// How many collectives (all_sum, all_max, all_min, all_gather,
+    /// sum_scatter, all_to_all_v) this process has entered on this group;
+    /// point-to-point sends and receives are not counted.
+    pub fn collectives_entered(&self) -> u64 {
+        self.entered.get()
     }
 
     /// Initialises (or reuses: MLX caches backends process-wide) and owns
@@ -59,11 +76,13 @@ impl Group {
     pub fn init(strict: bool, backend: Backend) -> Result<Self> {
         crate::launch::watch_launcher();
         let lowering = Lowering::from_env()?;
+        super::progress::timeout_from_env()?;
         let group = Self::from_native(
             native::init(strict, backend.native_name())?,
             backend,
             lowering,
         )?;
+        super::progress::joined(group.rank, group.size);
         group.agree_on_lowering()?;
         Ok(group)
     }

@@ -10,6 +10,7 @@ mod group;
 mod lowering;
 mod native;
 mod profile;
+mod progress;
 mod validate;
 
 pub use backend::{is_available, Backend};
@@ -21,3 +22,4 @@ pub use group::{init, Group};
 pub use lowering::{Lowering, LOWERING_ENV};
 pub(crate) use native::exit_immediately;
 pub use profile::{CollectiveProfile, CollectiveTime};
+pub use progress::{DEFAULT_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT};

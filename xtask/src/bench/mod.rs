@@ -1,7 +1,8 @@
-//! `cargo xtask bench collectives|layers`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
+mod generate;
 mod layers;
 
 use std::path::{Path, PathBuf};
@@ -15,8 +16,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("collectives") | None => collectives::run(),
         Some("layers") => layers::run(),
+        Some("generate") => generate::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives or layers"
+            "unknown benchmark {other:?}; expected: collectives, layers or generate"
         )),
     }
 }

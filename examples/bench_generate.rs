@@ -1,0 +1,129 @@
+//! The generation benchmark of `cargo xtask bench generate`: prefill of a
+//! prompt of `--prompt-tokens` tokens and `--decode-tokens` decode steps
+//! with the KV cache, on N ranks; rank 0 appends one JSON line to `--out`.
+//! It also times a 4 KiB `all_sum` through `safemlx_dist::eval`, the
+//! collective each decode step waits on twice per layer.
+//!
+//! ```text
+//! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl
+//! ```
+//!
+//! The prompt is the token ids `(i * 7919) % 20000 + 100`, which the
+//! peers' script (`xtask/bench/peers.py`) feeds too.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use safemlx::Array;
+use safemlx_dist::generate::Sampler;
+use safemlx_dist::models::load;
+use safemlx_dist::nn::gather_logits;
+use safemlx_dist::{all_sum, init};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, values};
+
+fn main() -> ExitCode {
+    safemlx_dist_examples::exit("bench_generate", run())
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+fn number(name: &str, default: usize) -> Result<usize, String> {
+    match flag(name) {
+        None => Ok(default),
+        Some(v) => v
+            .parse()
+            .map_err(|_| format!("{name} takes a whole number, got {v:?}")),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn run() -> Result<(), String> {
+    let model_path = flag("--model").ok_or("--model FILE is required")?;
+    let out = flag("--out").ok_or("--out FILE is required")?;
+    let prompt_len = number("--prompt-tokens", 512)?;
+    let decode = number("--decode-tokens", 64)?;
+    let repeats = number("--repeats", 3)?.max(1);
+    let backend = backend_from_args()?;
+    let s = cpu_stream();
+    let group = init(false, backend).map_err(err)?;
+    let (rank, n) = (group.rank(), group.size());
+    let loaded = load(&group, std::path::Path::new(&model_path), &s).map_err(err)?;
+    let model = &loaded.model;
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|i| ((i * 7919) % 20000 + 100) as u32)
+        .collect();
+
+    let next_token = |logits: &safemlx_dist::ShardedArray<safemlx_dist::Sharded<1>>,
+                      rows: usize|
+     -> Result<u32, String> {
+        let last = gather_logits(logits, rows - 1..rows, &s).map_err(err)?;
+        Sampler::greedy()
+            .sample(&values(last.local(), &s)?)
+            .map_err(err)
+    };
+    let (mut prefill, mut decode_runs) = (Vec::new(), Vec::new());
+    // One warm-up run, then `repeats` timed ones.
+    for run in 0..=repeats {
+        let mut cache = model.new_cache();
+        let started = Instant::now();
+        let logits = model.forward_last(&prompt, &mut cache, &s).map_err(err)?;
+        let mut token = next_token(&logits, 1)?;
+        let prefill_seconds = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        for _ in 0..decode {
+            let logits = model.forward_last(&[token], &mut cache, &s).map_err(err)?;
+            token = next_token(&logits, 1)?;
+        }
+        let decode_seconds = started.elapsed().as_secs_f64();
+        if run > 0 {
+            prefill.push(prefill_len_per_s(prompt_len, prefill_seconds));
+            decode_runs.push(decode as f64 / decode_seconds.max(1e-9));
+        }
+    }
+    // The latency of the decode step's collective: a 4 KiB all_sum.
+    let x = Array::from_slice(&[1.0f32; 1024], &[1, 1024]);
+    let mut latencies = Vec::new();
+    for i in 0..220 {
+        let started = Instant::now();
+        let y = all_sum(&x, &group, &s).map_err(err)?;
+        safemlx_dist::eval(&[&y]).map_err(err)?;
+        if i >= 20 {
+            latencies.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    if rank == 0 {
+        let row = serde_json::json!({
+            "impl": "safemlx-dist",
+            "backend": backend.as_str(),
+            "ranks": n,
+            "threads": 1,
+            "model": model_path,
+            "weights": "dequantized f32",
+            "prompt_tokens": prompt_len,
+            "decode_tokens": decode,
+            "prefill_tokens_per_s": median(prefill),
+            "decode_tokens_per_s": median(decode_runs),
+            "all_sum_4k_us": median(latencies),
+            "weight_bytes_per_rank": model.weight_bytes(),
+        });
+        println!("{row}");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&out)
+            .map_err(|e| format!("cannot open {out}: {e}"))?;
+        writeln!(file, "{row}").map_err(err)?;
+    }
+    Ok(())
+}
+
+fn prefill_len_per_s(tokens: usize, seconds: f64) -> f64 {
+    tokens as f64 / seconds.max(1e-9)
+}

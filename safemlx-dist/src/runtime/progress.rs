@@ -1,0 +1,178 @@
+//! Which collective each rank is in, and the collective timeout.
+//!
+//! Every collective a process enters is counted per group (`all_sum #38`).
+//! The last one is kept, and when the launcher asks for it
+//! (`SAFEMLX_DIST_PROGRESS_DIR`), written to `rank-R` in that directory, so
+//! the launcher can say which rank is behind even when that rank is stopped
+//! or dead and cannot speak for itself.
+//!
+//! [`eval`](crate::eval) waits at most `SAFEMLX_DIST_TIMEOUT` seconds (10
+//! minutes by default, as PyTorch's collectives) once the process has
+//! entered a collective of a group of several ranks; past it, the rank
+//! prints the collective it waits in and exits with status
+//! [`TIMEOUT_EXIT`].
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use safemlx::Array;
+
+use crate::error::{Error, Result};
+
+/// Seconds a wait on a collective may last (default: 600).
+pub const TIMEOUT_ENV: &str = "SAFEMLX_DIST_TIMEOUT";
+/// The directory where each rank writes its progress (set by the launcher).
+pub const PROGRESS_DIR_ENV: &str = "SAFEMLX_DIST_PROGRESS_DIR";
+/// The exit status of a rank whose collective timed out (as `timeout(1)`'s).
+pub const TIMEOUT_EXIT: i32 = 124;
+/// The default timeout: 10 minutes.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The bytes of one progress record (the file is rewritten in place).
+const RECORD: usize = 160;
+
+/// The last collective this process entered.
+#[derive(Debug, Clone)]
+struct Entered {
+    op: &'static str,
+    seq: u64,
+    group_size: usize,
+    shape: Vec<i32>,
+    dtype: safemlx::Dtype,
+}
+
+impl Entered {
+    fn describe(&self) -> String {
+        format!(
+            "{} #{} (group of {}, {:?} {:?})",
+            self.op, self.seq, self.group_size, self.shape, self.dtype
+        )
+    }
+}
+
+#[derive(Default)]
+struct State {
+    rank: Option<usize>,
+    file: Option<File>,
+    last: Option<Entered>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::default();
+}
+
+/// The timeout of `SAFEMLX_DIST_TIMEOUT`, checked.
+///
+/// # Errors
+/// A value that is not a positive number of seconds.
+pub(crate) fn timeout_from_env() -> Result<Duration> {
+    match std::env::var(TIMEOUT_ENV) {
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or_else(|| {
+                Error::Shape(format!(
+                    "{TIMEOUT_ENV}={v:?} is not a positive number of seconds (the default is {})",
+                    DEFAULT_TIMEOUT.as_secs()
+                ))
+            }),
+    }
+}
+
+/// Records this process's rank in its first multi-rank group, and opens
+/// the progress file the launcher asked for.
+pub(crate) fn joined(rank: usize, size: usize) {
+    if size < 2 {
+        return;
+    }
+    STATE.with(|state| {
+        let mut state = state.borrow_mut();
+        if state.rank.is_some() {
+            return;
+        }
+        state.rank = Some(rank);
+        if let Some(dir) = std::env::var_os(PROGRESS_DIR_ENV) {
+            let path = PathBuf::from(dir).join(format!("rank-{rank}"));
+            state.file = File::create(path).ok();
+        }
+    });
+}
+
+/// Counts a collective `op` of a group of `group_size` on `input`: its
+/// sequence number in that group is `seq`.
+pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array) {
+    if group_size < 2 {
+        return;
+    }
+    STATE.with(|state| {
+        let mut state = state.borrow_mut();
+        let entered = Entered {
+            op,
+            seq,
+            group_size,
+            shape: input.shape().to_vec(),
+            dtype: input.dtype(),
+        };
+        write(
+            &state,
+            &format!(
+                "entered {} {} {}",
+                entered.op,
+                entered.seq,
+                entered.describe()
+            ),
+        );
+        state.last = Some(entered);
+    });
+}
+
+fn write(state: &State, line: &str) {
+    if let Some(file) = &state.file {
+        let mut record = format!("{line}\n").into_bytes();
+        record.resize(RECORD.max(record.len()), b' ');
+        let _ = file.write_at(&record, 0);
+    }
+}
+
+/// Whether waits are bounded: a collective of several ranks was entered.
+pub(crate) fn bounded() -> bool {
+    STATE.with(|state| state.borrow().last.is_some())
+}
+
+/// The wait passed the timeout: says which collective it was in (on
+/// stderr and in the progress file) and ends the process.
+pub(crate) fn expire(timeout: Duration) -> ! {
+    let (rank, last) = STATE.with(|state| {
+        let state = state.borrow();
+        if let Some(last) = &state.last {
+            write(
+                &state,
+                &format!("waits {} {} {}", last.op, last.seq, last.describe()),
+            );
+        }
+        (state.rank, state.last.clone())
+    });
+    let what = last.map_or_else(|| "a collective".to_owned(), |l| l.describe());
+    // One write: under mpirun each write is tagged on its own.
+    let line = format!(
+        "safemlx-dist: rank {} waited {:.0} s in {what} without it completing: a peer never joined it (stopped, deadlocked, or in another collective). Exiting with status {TIMEOUT_EXIT}; set {TIMEOUT_ENV} (seconds) to wait longer\n",
+        rank.map_or("?".to_owned(), |r| r.to_string()),
+        timeout.as_secs_f64()
+    );
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    // The launcher reads every rank's progress when the first one times
+    // out (it polls every 20 ms); give it that moment before the run is
+    // torn down and a stopped peer possibly woken.
+    std::thread::sleep(Duration::from_millis(200));
+    // `_exit`: the native threads are blocked in the transport, and exit
+    // handlers could wait on them.
+    super::native::exit_immediately(TIMEOUT_EXIT)
+}

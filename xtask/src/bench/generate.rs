@@ -1,0 +1,185 @@
+//! `cargo xtask bench generate`: SmolLM2-135M prefill (512 tokens) and
+//! decode tokens/s at 1, 2 and 3 ranks on ring and MPI, one compute thread
+//! per rank, and in the same run the peers on the same weights: mlx-lm
+//! (MLX Python, the GGUF's tensors dequantized to the same float32 values)
+//! and llama.cpp (llama-cpp-python on the GGUF itself), with one thread and
+//! with all threads. JSON lines in `target/bench/generate.jsonl`, then the
+//! table and the targets' ratios.
+//!
+//! The peers run from a virtual environment in the cache
+//! (`<cache>/bench-venv`, made once: llama-cpp-python compiles llama.cpp).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::{finish, launch, prepare};
+use crate::{cmd, models, setup};
+
+const PROMPT: &str = "512";
+const DECODE: &str = "64";
+const PEERS: &[&str] = &[
+    "mlx[cpu]==0.32.4",
+    "mlx-lm==0.32.2",
+    "llama-cpp-python==0.3.36",
+    "gguf==0.19.0",
+    "numpy",
+    "safetensors",
+];
+
+/// The peers' Python, installing the environment the first time.
+fn peers_python() -> Result<PathBuf, String> {
+    let venv = cmd::cache_root().join("bench-venv");
+    let python = venv.join("bin").join("python");
+    let ready = venv.join(".ready");
+    if ready.is_file() {
+        return Ok(python);
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        setup::install_debian_packages(&["python3-venv", "python3-pip"])?;
+        let mut venv_cmd = Command::new("python3");
+        venv_cmd.args(["-m", "venv"]).arg(&venv);
+        cmd::run(venv_cmd)?;
+    }
+    println!(
+        "bench: installing the peers in {} (llama-cpp-python compiles llama.cpp: minutes, once)",
+        venv.display()
+    );
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--disable-pip-version-check"])
+        .args(PEERS);
+    cmd::run(pip)?;
+    std::fs::write(&ready, PEERS.join("\n"))
+        .map_err(|e| format!("cannot write {}: {e}", ready.display()))?;
+    Ok(python)
+}
+
+fn peers(python: &Path, gguf: &Path, out: &Path) -> Result<(), String> {
+    let script = cmd::root().join("xtask/bench/peers.py");
+    let hf = cmd::cache_root()
+        .join("models")
+        .join("SmolLM2-135M-Instruct-f32-hf");
+    if !hf.join("config.json").is_file() {
+        let mut convert = Command::new(python);
+        convert.arg(&script).arg("convert").arg(gguf).arg(&hf);
+        cmd::run(convert)?;
+    }
+    for threads in ["1", "all"] {
+        let mut run = Command::new(python);
+        run.arg(&script)
+            .arg("run")
+            .arg(gguf)
+            .arg(&hf)
+            .arg(out)
+            .args([PROMPT, DECODE, threads]);
+        if threads == "1" {
+            run.env("OPENBLAS_NUM_THREADS", "1")
+                .env("OMP_NUM_THREADS", "1");
+        } else {
+            run.env_remove("OPENBLAS_NUM_THREADS")
+                .env_remove("OMP_NUM_THREADS");
+        }
+        cmd::run(run)?;
+    }
+    Ok(())
+}
+
+pub fn run() -> Result<(), String> {
+    let gguf = models::fetch_smollm2()?;
+    let (release, out) = prepare("generate.jsonl")?;
+    let model = gguf.display().to_string();
+    let args = [
+        "--model",
+        model.as_str(),
+        "--prompt-tokens",
+        PROMPT,
+        "--decode-tokens",
+        DECODE,
+    ];
+    for backend in ["ring", "mpi"] {
+        for ranks in ["1", "2", "3"] {
+            launch(&release, (ranks, backend), "bench_generate", &args, &out)?;
+        }
+    }
+    let python = peers_python()?;
+    peers(&python, &gguf, &out)?;
+    report(&finish(&out)?);
+    Ok(())
+}
+
+fn find<'a>(
+    rows: &'a [Value],
+    implementation: &str,
+    backend: &str,
+    ranks: u64,
+    threads: &str,
+) -> Option<&'a Value> {
+    rows.iter().find(|r| {
+        r["impl"] == implementation
+            && r["backend"] == backend
+            && r["ranks"].as_u64() == Some(ranks)
+            && (r["threads"] == threads
+                || r["threads"].as_u64().map(|t| t.to_string()).as_deref() == Some(threads))
+    })
+}
+
+fn report(rows: &[Value]) {
+    let ours_1 = find(rows, "safemlx-dist", "ring", 1, "1");
+    let speed = |r: Option<&Value>, key: &str| r.and_then(|r| r[key].as_f64()).unwrap_or(f64::NAN);
+    println!(
+        "{:<13} {:<5} {:>5} {:>7} {:>12} {:>11} {:>11} {:>10}  weights",
+        "impl",
+        "backend",
+        "ranks",
+        "threads",
+        "prefill t/s",
+        "decode t/s",
+        "vs 1 rank",
+        "4K all_sum"
+    );
+    for row in rows {
+        let threads = match &row["threads"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        println!(
+            "{:<13} {:<5} {:>5} {:>7} {:>12.1} {:>11.1} {:>10.2}x {:>8}  {}",
+            row["impl"].as_str().unwrap_or_default(),
+            row["backend"].as_str().unwrap_or_default(),
+            row["ranks"].as_u64().unwrap_or_default(),
+            threads,
+            speed(Some(row), "prefill_tokens_per_s"),
+            speed(Some(row), "decode_tokens_per_s"),
+            speed(Some(row), "decode_tokens_per_s") / speed(ours_1, "decode_tokens_per_s"),
+            row["all_sum_4k_us"]
+                .as_f64()
+                .map_or("-".to_owned(), |us| format!("{us:.0} us")),
+            row["weights"].as_str().unwrap_or_default(),
+        );
+    }
+    let mlx_lm = find(rows, "mlx-lm", "none", 1, "1");
+    println!(
+        "target: 1 rank decode vs mlx-lm (same weights, one thread): {:.2}x (goal >= 1x)",
+        speed(ours_1, "decode_tokens_per_s") / speed(mlx_lm, "decode_tokens_per_s")
+    );
+    for backend in ["ring", "mpi"] {
+        let one = find(rows, "safemlx-dist", backend, 1, "1");
+        let two = find(rows, "safemlx-dist", backend, 2, "1");
+        println!(
+            "target: {backend} x2 prefill of {PROMPT} tokens: {:.2}x the 1-rank tokens/s (goal >= 1.7x)",
+            speed(two, "prefill_tokens_per_s") / speed(one, "prefill_tokens_per_s")
+        );
+        let goal = if backend == "mpi" { 1.3 } else { 1.0 };
+        println!(
+            "target: {backend} x2 decode: {:.2}x the 1-rank tokens/s (goal >= {goal}x); 4 KiB all_sum {:.0} us",
+            speed(two, "decode_tokens_per_s") / speed(one, "decode_tokens_per_s"),
+            speed(two, "all_sum_4k_us")
+        );
+    }
+}
