@@ -269,12 +269,7 @@ impl GgufFile {
             path: path.display().to_string(),
             message,
         };
-        let kind = std::fs::metadata(&path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        if !kind.is_file() {
-            return Err(fail("is not a regular file; give a GGUF file".to_owned()));
-        }
-        let file = File::open(&path).map_err(|e| fail(format!("cannot open: {e}")))?;
-        let len = kind.len();
+        let (file, len) = super::open_regular(&path, "GGUF")?;
         let mut h = Header {
             reader: BufReader::new(
                 file.try_clone()

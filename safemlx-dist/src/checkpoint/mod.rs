@@ -85,6 +85,28 @@ fn file_kind(kind: &std::fs::FileType) -> &'static str {
     }
 }
 
+/// Opens `path` for reading if it is a regular file (checked before
+/// `open`: opening a FIFO blocks until a writer comes); returns the file
+/// and its length. `format` names what was expected, for the message.
+pub(crate) fn open_regular(path: &Path, format: &str) -> Result<(File, u64)> {
+    let kind = std::fs::metadata(path).map_err(|e| io_error(path, "cannot open", &e))?;
+    if !kind.is_file() {
+        return Err(Error::Checkpoint {
+            path: path.display().to_string(),
+            message: format!(
+                "is not a regular file (it is a {}); give a {format} file",
+                file_kind(&kind.file_type())
+            ),
+        });
+    }
+    let file = File::open(path).map_err(|e| io_error(path, "cannot open", &e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| io_error(path, "cannot read its size", &e))?
+        .len();
+    Ok((file, len))
+}
+
 impl Checkpoint {
     /// Opens `path` and reads its header (nothing else).
     ///
@@ -98,19 +120,7 @@ impl Checkpoint {
             path: path.display().to_string(),
             message,
         };
-        // Before `open`: opening a FIFO blocks until a writer comes.
-        let kind = std::fs::metadata(&path).map_err(|e| io_error(&path, "cannot open", &e))?;
-        if !kind.is_file() {
-            return Err(fail(format!(
-                "is not a regular file (it is a {}); give a safetensors file",
-                file_kind(&kind.file_type())
-            )));
-        }
-        let mut file = File::open(&path).map_err(|e| io_error(&path, "cannot open", &e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| io_error(&path, "cannot read its size", &e))?
-            .len();
+        let (mut file, len) = open_regular(&path, "safetensors")?;
         if len < 8 {
             return Err(fail(format!(
                 "{len} bytes is too short for a safetensors file (it starts with an 8-byte header length)"
