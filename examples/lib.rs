@@ -16,7 +16,12 @@ pub fn exit(name: &str, result: Result<(), String>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("{name}: {message}");
+            // One write: under mpirun every write is tagged as its own
+            // line, so `eprintln!`'s pieces (name, ": ", message) would
+            // arrive as three lines.
+            use std::io::Write;
+            let line = format!("{name}: {message}\n");
+            let _ = std::io::stderr().write_all(line.as_bytes());
             std::process::ExitCode::FAILURE
         }
     }

@@ -161,6 +161,27 @@ impl Tokenizer {
         })
     }
 
+    /// Writes the tokenizer as a Hugging Face directory reads it:
+    /// `tokenizer.json`, and `tokenizer_config.json` with the chat template
+    /// and the BOS/EOS tokens (e.g. to give a GGUF model's tokenizer to
+    /// tools that read Hugging Face directories).
+    ///
+    /// # Errors
+    /// A file that cannot be written.
+    pub fn save_hf(&self, dir: &Path) -> Result<()> {
+        let fail = |what: &str, e: String| model_error(dir, format!("cannot write {what}: {e}"));
+        self.inner
+            .save(dir.join("tokenizer.json"), false)
+            .map_err(|e| fail("tokenizer.json", e.to_string()))?;
+        let config = serde_json::json!({
+            "chat_template": self.chat_template,
+            "bos_token": self.bos,
+            "eos_token": self.eos,
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+            .map_err(|e| fail("tokenizer_config.json", e.to_string()))
+    }
+
     /// The token ids of `text` (special tokens such as `<|im_start|>`
     /// matched whole; no BOS added: chat templates write their own).
     ///

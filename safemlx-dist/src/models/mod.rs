@@ -2,7 +2,7 @@
 //! one file per family, each reading like its math.
 //!
 //! - [`llama`]: Llama 2/3, Mistral, Qwen2, Qwen3 and SmolLM2, from Hugging
-//!   Face directories ([`HfDirectory`](crate::checkpoint::HfDirectory)).
+//!   Face directories and GGUF files (see [`load`]).
 //!
 //! Every rank loads only its part of each tensor (heads, MLP columns,
 //! vocabulary rows); the logits equal those of the whole model computed in

@@ -155,7 +155,12 @@ impl Group {
         let stream = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
         let code = self.lowering.code() as f32;
         let mine = Array::from_slice(&[code, -code], &[2]);
+        // Counted and bounded like any collective: ranks of another
+        // program (MLX Python) never join it, and the timeout's message
+        // then says to set SAFEMLX_DIST_LOWERING=native.
+        self.enter(super::progress::AGREEMENT, &mine);
         let both = native::unary(Unary::AllMax, &mine, &self.native, &stream)?;
+        crate::eval(&[&both])?;
         let both = both.into_evaluated()?;
         let values = both.try_to_vec::<f32>().map_err(|e| Error::Native {
             operation: "lowering agreement",

@@ -32,6 +32,9 @@ pub const TIMEOUT_EXIT: i32 = 124;
 /// The default timeout: 10 minutes.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The name of the lowering agreement's `all_max` in progress records.
+pub(crate) const AGREEMENT: &str = "lowering_agreement";
+
 /// The bytes of one progress record (the file is rewritten in place).
 const RECORD: usize = 160;
 
@@ -160,7 +163,15 @@ pub(crate) fn expire(timeout: Duration) -> ! {
         }
         (state.rank, state.last.clone())
     });
-    let what = last.map_or_else(|| "a collective".to_owned(), |l| l.describe());
+    let hint = match &last {
+        Some(l) if l.op == AGREEMENT => format!(
+            " (every rank checks at init that all read the same {}; ranks of another program, such as MLX Python, do not: set {}=native on every rank)",
+            crate::LOWERING_ENV,
+            crate::LOWERING_ENV
+        ),
+        _ => String::new(),
+    };
+    let what = last.map_or_else(|| "a collective".to_owned(), |l| l.describe()) + &hint;
     // One write: under mpirun each write is tagged on its own.
     let line = format!(
         "safemlx-dist: rank {} waited {:.0} s in {what} without it completing: a peer never joined it (stopped, deadlocked, or in another collective). Exiting with status {TIMEOUT_EXIT}; set {TIMEOUT_ENV} (seconds) to wait longer\n",
