@@ -161,3 +161,76 @@ fn llama_family_logits_equal_mlx_lm_under_mpi() {
         .run_test(all_cases)
         .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
 }
+
+/// A copy of a golden model directory, with `edit` applied to its files.
+fn damaged_dir(case: &str, tag: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("safemlx-model-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(golden_dir(case)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    edit(&dir);
+    dir
+}
+
+fn load_error(dir: &Path) -> String {
+    let group = safemlx_dist::init(false, Backend::Any).unwrap();
+    let error = HfDirectory::open(dir)
+        .and_then(|d| Llama::from_hf(&group, &d, &cpu()))
+        .expect_err("a damaged model")
+        .to_string();
+    std::fs::remove_dir_all(dir).ok();
+    error.replace(&dir.display().to_string(), "DIR")
+}
+
+#[test]
+fn damaged_model_directories_name_the_file_and_the_tensor() {
+    let config = |dir: &Path, edit: &dyn Fn(&mut serde_json::Value)| {
+        let path = dir.join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(path, json.to_string()).unwrap();
+    };
+    let dir = damaged_dir("llama-tied-kv3", "dim", |d| {
+        config(d, &|j| j["intermediate_size"] = 96.into())
+    });
+    assert_eq!(
+        load_error(&dir),
+        "model DIR: tensor `model.layers.0.mlp.gate_proj.weight` has shape [80, 48] but the configuration gives [96, 48]"
+    );
+    let dir = damaged_dir("llama-tied-kv3", "untied", |d| {
+        config(d, &|j| j["tie_word_embeddings"] = false.into())
+    });
+    assert!(
+        load_error(&dir).ends_with("has no tensor `lm_head.weight`; it has: model.embed_tokens.weight, model.layers.0.input_layernorm.weight, model.layers.0.mlp.down_proj.weight, model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp.up_proj.weight, model.layers.0.post_attention_layernorm.weight, model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.o_proj.weight, model.layers.0.self_attn.q_proj.weight, model.layers.0.self_attn.v_proj.weight, model.layers.1.input_layernorm.weight, model.layers.1.mlp.down_proj.weight, ..."),
+    );
+    // An index that places a tensor in a shard that does not hold it.
+    let dir = damaged_dir("llama3-kv1-sharded", "index", |d| {
+        let path = d.join("model.safetensors.index.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut index: serde_json::Value = serde_json::from_str(&text).unwrap();
+        index["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors".into();
+        std::fs::write(path, index.to_string()).unwrap();
+    });
+    let error = load_error(&dir);
+    assert!(
+        error
+            .contains("model-00001-of-00002.safetensors: has no tensor `model.norm.weight`, which")
+            && error.ends_with("model.safetensors.index.json places in it"),
+        "{error}"
+    );
+    // A truncated shard.
+    let dir = damaged_dir("qwen2-bias", "truncated", |d| {
+        let path = d.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    });
+    let error = load_error(&dir);
+    assert!(error.contains("the file may be truncated"), "{error}");
+    let dir = damaged_dir("qwen2-bias", "nocfg", |d| {
+        std::fs::remove_file(d.join("config.json")).unwrap()
+    });
+    assert!(load_error(&dir).starts_with("checkpoint DIR/config.json: cannot read it ("));
+}
