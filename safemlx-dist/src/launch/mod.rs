@@ -344,6 +344,7 @@ impl Launch {
         let commands = (0..self.ranks)
             .map(|rank| {
                 let mut command = Command::new(&self.program);
+                crate::runtime::restore_for_child(&mut command);
                 command
                     .args(&self.args)
                     .envs(env.iter().map(|(k, v)| (k, v)))

@@ -12,6 +12,9 @@ pub(crate) fn command(
     args: &[OsString],
 ) -> Command {
     let mut mpirun = Command::new("mpirun");
+    // Not the variables of this process's own MPI singleton, if it has one:
+    // an mpirun that inherits them exits 1 without a word.
+    crate::runtime::restore_for_child(&mut mpirun);
     mpirun
         .args([
             "--allow-run-as-root",

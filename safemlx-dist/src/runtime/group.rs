@@ -77,11 +77,9 @@ impl Group {
         crate::launch::watch_launcher();
         let lowering = Lowering::from_env()?;
         super::progress::timeout_from_env()?;
-        let group = Self::from_native(
-            native::init(strict, backend.native_name())?,
-            backend,
-            lowering,
-        )?;
+        // MPI sets variables of its own here; children must not inherit them.
+        let native = super::backend_env::recording(|| native::init(strict, backend.native_name()));
+        let group = Self::from_native(native?, backend, lowering)?;
         super::progress::joined(group.rank, group.size);
         group.agree_on_lowering()?;
         Ok(group)

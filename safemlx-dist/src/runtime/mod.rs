@@ -2,6 +2,7 @@
 //! argument validated before native code (`spec/runtime.md`).
 
 mod backend;
+mod backend_env;
 mod collectives;
 mod composed;
 mod eval;
@@ -14,6 +15,7 @@ mod progress;
 mod validate;
 
 pub use backend::{is_available, Backend};
+pub(crate) use backend_env::restore_for_child;
 pub use collectives::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
 };
