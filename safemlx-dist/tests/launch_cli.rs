@@ -75,15 +75,57 @@ fn a_killed_rank_ends_the_run_within_five_seconds() {
 
 #[test]
 fn the_timeout_names_the_ranks_still_running() {
-    let script = r#"if [ "$MLX_RANK" = 0 ]; then exit 0; fi; sleep 60"#;
-    let (out, took) = launch(&["-n", "3", "--timeout", "1", "sh", "-c", script]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("timed out after 1 s; ranks still running: 1, 2"),
-        "{}",
-        stderr(&out)
-    );
-    assert!(took < Duration::from_secs(6), "took {took:?}");
+    let script = r#"if [ "${MLX_RANK:-$OMPI_COMM_WORLD_RANK}" = 0 ]; then exit 0; fi; sleep 60"#;
+    for backend in ["ring", "mpi"] {
+        let args = ["-n", "3", "--backend", backend, "--timeout", "2"];
+        let (out, took) = launch(&[&args[..], &["sh", "-c", script]].concat());
+        assert_eq!(out.status.code(), Some(1), "{backend}");
+        assert!(
+            stderr(&out).contains("timed out after 2 s; ranks still running: 1, 2\n"),
+            "{backend}: {}",
+            stderr(&out)
+        );
+        assert!(took < Duration::from_secs(8), "{backend}: took {took:?}");
+    }
+}
+
+/// A line written in several writes, with other ranks writing between
+/// them, arrives whole with one prefix (mpirun tags each write, not each
+/// line); so does a last line without a newline.
+#[test]
+fn lines_written_in_pieces_arrive_whole_with_one_prefix() {
+    let script = r#"r=${MLX_RANK:-$OMPI_COMM_WORLD_RANK}
+        printf "moe"; sleep 0.3; printf ": rank $r"; sleep 0.3; echo " done"
+        printf "to stderr" >&2; sleep 0.3; echo " whole" >&2
+        printf "no newline at the end of $r""#;
+    for backend in ["ring", "mpi"] {
+        let (out, _) = launch(&["-n", "2", "--backend", backend, "sh", "-c", script]);
+        assert!(out.status.success(), "{backend}: {}", stderr(&out));
+        for rank in 0..2 {
+            let prefix = format!("[rank {rank}] ");
+            let mine = |text: String| -> Vec<String> {
+                text.lines()
+                    .filter(|l| l.starts_with(&prefix))
+                    .map(String::from)
+                    .collect()
+            };
+            assert_eq!(
+                mine(stdout(&out)),
+                [
+                    format!("{prefix}moe: rank {rank} done"),
+                    format!("{prefix}no newline at the end of {rank}")
+                ],
+                "{backend}: {}",
+                stdout(&out)
+            );
+            assert_eq!(
+                mine(stderr(&out)),
+                [format!("{prefix}to stderr whole")],
+                "{backend}: {}",
+                stderr(&out)
+            );
+        }
+    }
 }
 
 #[test]

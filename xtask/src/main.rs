@@ -8,10 +8,12 @@
 //! - `bench collectives` measure every collective and lowering (JSON lines)
 //! - `bench layers` measure the parallel layers against dense (JSON lines)
 //! - `bench generate` SmolLM2 generation at 1-3 ranks beside mlx-lm and llama.cpp
+//! - `faults [TRIALS]` kill the launcher at random times; check nothing survives it
 
 mod bench;
 mod bindings;
 mod cmd;
+mod faults;
 mod models;
 mod setup;
 mod tasks;
@@ -19,7 +21,7 @@ mod tasks;
 use std::process::ExitCode;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate>";
+    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate|faults [TRIALS]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
         Some("demo") => tasks::demo(),
         Some("bindgen") => bindings::generate(),
         Some("bench") => bench::run(&args[1..]),
+        Some("faults") => faults::run(&args[1..]),
         Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
         None => Err(USAGE.to_owned()),
     };

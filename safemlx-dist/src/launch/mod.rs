@@ -20,6 +20,7 @@ mod ranks;
 mod supervise;
 mod watchdog;
 
+use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -125,7 +126,7 @@ pub enum LaunchError {
     TimedOut {
         /// The timeout.
         seconds: f64,
-        /// The ranks still running, e.g. `0, 2` (`all` under mpirun).
+        /// The ranks still running, e.g. `0, 2` (under MPI: those whose wrapper did not report an exit).
         running: String,
         /// Which rank was behind in the collectives, when one was: `; rank 2 never entered ...`.
         detail: String,
@@ -361,7 +362,13 @@ impl Launch {
                 (rank, command)
             })
             .collect();
-        let relabel: Relabel = Arc::new(|rank, line| format!("[rank {rank}] {line}"));
+        let relabel: Relabel = Arc::new(|rank| {
+            Box::new(move |line| {
+                line.map(|line| format!("[rank {rank}] {line}"))
+                    .into_iter()
+                    .collect()
+            })
+        });
         let outcome = supervise(commands, self.timeout, interrupt, relabel, watch)?;
         drop(file);
         match outcome {
@@ -392,30 +399,46 @@ impl Launch {
         // mpirun's own (untagged) lines are kept to find the failed rank.
         let report = Arc::new(Mutex::new(Vec::<String>::new()));
         let seen = Arc::clone(&report);
-        // The first rank that reported its own failure (see `mpi::command`).
+        // The first rank that reported its own failure, and the ranks that
+        // finished (see `mpi::command`).
         let first_exit = Arc::new(Mutex::new(None::<(usize, String)>));
-        let exits = Arc::clone(&first_exit);
-        let relabel: Relabel = Arc::new(move |_, line| {
-            let pieces: Vec<String> = mpi::untag_all(line)
-                .into_iter()
-                .map(|(rank, text)| match rank {
-                    Some(rank) => {
-                        if let Some(exit) = mpi::reported_exit(text) {
-                            if let Ok(mut first) = exits.lock() {
-                                first.get_or_insert(exit);
+        let finished = Arc::new(Mutex::new(BTreeSet::<usize>::new()));
+        let (exits, done) = (Arc::clone(&first_exit), Arc::clone(&finished));
+        let relabel: Relabel = Arc::new(move |_| {
+            let (seen, exits, done) = (Arc::clone(&seen), Arc::clone(&exits), Arc::clone(&done));
+            let mut whole = mpi::Reassembler::default();
+            Box::new(move |line| {
+                let lines = match line {
+                    Some(line) => whole.line(line),
+                    None => whole.end(),
+                };
+                lines
+                    .into_iter()
+                    .filter_map(|(rank, text)| match rank {
+                        Some(rank) => match mpi::reported_exit(&text) {
+                            Some((rank, 0)) => {
+                                if let Ok(mut done) = done.lock() {
+                                    done.insert(rank);
+                                }
+                                None
                             }
+                            Some((failed, status)) => {
+                                if let Ok(mut first) = exits.lock() {
+                                    first.get_or_insert((failed, mpi::exit_wording(status)));
+                                }
+                                Some(format!("[rank {rank}] {text}"))
+                            }
+                            None => Some(format!("[rank {rank}] {text}")),
+                        },
+                        None => {
+                            if let Ok(mut lines) = seen.lock() {
+                                lines.push(text.clone());
+                            }
+                            Some(format!("[mpirun] {text}"))
                         }
-                        format!("[rank {rank}] {text}")
-                    }
-                    None => {
-                        if let Ok(mut lines) = seen.lock() {
-                            lines.push(text.to_owned());
-                        }
-                        format!("[mpirun] {text}")
-                    }
-                })
-                .collect();
-            pieces.join("\n")
+                    })
+                    .collect()
+            })
         });
         match supervise(vec![(0, command)], self.timeout, interrupt, relabel, watch)? {
             Outcome::Success => Ok(LaunchReport {
@@ -446,7 +469,15 @@ impl Launch {
                     },
                 })
             }
-            Outcome::TimedOut { .. } => Err(self.timed_out("all (under mpirun)")),
+            Outcome::TimedOut { .. } => {
+                // Every rank but those whose wrapper reported status 0.
+                let finished = finished.lock().map(|f| f.clone()).unwrap_or_default();
+                let running: Vec<String> = (0..self.ranks)
+                    .filter(|rank| !finished.contains(rank))
+                    .map(|rank| rank.to_string())
+                    .collect();
+                Err(self.timed_out(&running.join(", ")))
+            }
             Outcome::Interrupted { signal } => Err(interrupted(signal)),
         }
     }

@@ -1,5 +1,6 @@
 //! Running ranks under Open MPI's `mpirun`.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::process::Command;
 
@@ -67,21 +68,26 @@ fn tagged_pieces<'a>(line: &'a str, starts: &[usize]) -> Vec<(Option<usize>, &'a
         .collect()
 }
 
-/// Runs `"$@"` and, when it fails, prints [`EXIT_MARKER`] with the rank and
-/// the status on stderr before exiting with that status.
-const EXIT_REPORTER: &str = r#""$@"; rc=$?; if [ "$rc" -ne 0 ]; then echo "safemlx-launch-exit $OMPI_COMM_WORLD_RANK $rc" >&2; fi; exit "$rc""#;
+/// Runs `"$@"` and prints [`EXIT_MARKER`] with the rank and the status on
+/// stderr before exiting with that status: a failure names its rank, and a
+/// rank that finished is known not to be running.
+const EXIT_REPORTER: &str =
+    r#""$@"; rc=$?; echo "safemlx-launch-exit $OMPI_COMM_WORLD_RANK $rc" >&2; exit "$rc""#;
 
 /// The start of the wrapper's line.
 pub(crate) const EXIT_MARKER: &str = "safemlx-launch-exit ";
 
-/// `safemlx-launch-exit 1 3` -> `(1, "exit code: 3")` (a status above 128
-/// is a signal, as the shell reports it).
-pub(crate) fn reported_exit(text: &str) -> Option<(usize, String)> {
+/// `safemlx-launch-exit 1 3` -> `(1, 3)`: the rank and its exit status.
+pub(crate) fn reported_exit(text: &str) -> Option<(usize, i32)> {
     let rest = text.trim().strip_prefix(EXIT_MARKER)?;
     let (rank, status) = rest.split_once(' ')?;
-    let status: i32 = status.trim().parse().ok()?;
-    let how = if status > 128 {
-        // As the ring launch reports a killed rank: `signal: 9 (SIGKILL)`.
+    Some((rank.parse().ok()?, status.trim().parse().ok()?))
+}
+
+/// An exit status as the ring launch words it: `exit code: 3`, or a status
+/// above 128 as the signal the shell saw, `signal: 9 (SIGKILL)`.
+pub(crate) fn exit_wording(status: i32) -> String {
+    if status > 128 {
         let signal = status - 128;
         match nix::sys::signal::Signal::try_from(signal) {
             Ok(name) => format!("signal: {signal} ({name})"),
@@ -89,8 +95,50 @@ pub(crate) fn reported_exit(text: &str) -> Option<(usize, String)> {
         }
     } else {
         format!("exit code: {status}")
-    };
-    Some((rank.parse().ok()?, how))
+    }
+}
+
+/// Puts the lines of one of mpirun's streams back together.
+///
+/// mpirun tags every chunk a rank writes, not every line: a line written
+/// in three writes (`moe`, `: `, `8 experts ...\n`) arrives as three tagged
+/// pieces, and pieces of other ranks may come between them. A piece that
+/// another tag follows on the same line ended without a newline, so it is
+/// held until the rest of its rank's line arrives.
+#[derive(Debug, Default)]
+pub(crate) struct Reassembler {
+    pending: BTreeMap<usize, String>,
+}
+
+impl Reassembler {
+    /// The whole lines completed by one line of mpirun's output: a rank
+    /// (`None` for mpirun's own text) and its line.
+    pub(crate) fn line(&mut self, line: &str) -> Vec<(Option<usize>, String)> {
+        let pieces = untag_all(line);
+        let last = pieces.len().saturating_sub(1);
+        let mut whole = Vec::new();
+        for (at, (rank, text)) in pieces.into_iter().enumerate() {
+            match rank {
+                Some(rank) if at < last => self.pending.entry(rank).or_default().push_str(text),
+                Some(rank) => {
+                    let mut line = self.pending.remove(&rank).unwrap_or_default();
+                    line.push_str(text);
+                    whole.push((Some(rank), line));
+                }
+                None => whole.push((None, text.to_owned())),
+            }
+        }
+        whole
+    }
+
+    /// What is still held at the end of the stream (ranks whose last
+    /// output had no newline).
+    pub(crate) fn end(&mut self) -> Vec<(Option<usize>, String)> {
+        std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(rank, text)| (Some(rank), text))
+            .collect()
+    }
 }
 
 /// `[1,3]<stdout>:text` -> `(3, "text")`, for any stream tag.
@@ -148,14 +196,30 @@ mod tests {
         .map(String::from)
         .to_vec();
         assert_eq!(failed_rank(&report), Some((1, "exit code: 3".into())));
-        assert_eq!(
-            reported_exit("safemlx-launch-exit 2 3"),
-            Some((2, "exit code: 3".into()))
-        );
-        assert_eq!(
-            reported_exit("safemlx-launch-exit 0 137"),
-            Some((0, "signal: 9 (SIGKILL)".into()))
-        );
+        assert_eq!(reported_exit("safemlx-launch-exit 2 3"), Some((2, 3)));
+        assert_eq!(reported_exit("safemlx-launch-exit 0 0 "), Some((0, 0)));
+        assert_eq!(exit_wording(3), "exit code: 3");
+        assert_eq!(exit_wording(137), "signal: 9 (SIGKILL)");
         assert_eq!(reported_exit("other text"), None);
+    }
+
+    #[test]
+    fn lines_written_in_pieces_come_back_whole() {
+        let mut lines = Reassembler::default();
+        let whole = |rank: Option<usize>, text: &str| (rank, text.to_owned());
+        assert_eq!(
+            lines.line("[1,0]<stderr>:moe[1,1]<stderr>:rank one[1,0]<stderr>:: 8 experts"),
+            [whole(Some(0), "moe: 8 experts")]
+        );
+        assert_eq!(
+            lines.line("[1,1]<stderr>: is done"),
+            [whole(Some(1), "rank one is done")]
+        );
+        assert_eq!(
+            lines.line("mpirun noticed[1,2]<stdout>:no newline[1,3]<stdout>:x"),
+            [whole(None, "mpirun noticed"), whole(Some(3), "x")]
+        );
+        assert_eq!(lines.end(), [whole(Some(2), "no newline")]);
+        assert_eq!(lines.end(), []);
     }
 }

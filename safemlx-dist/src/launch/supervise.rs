@@ -23,8 +23,13 @@ pub(crate) enum Sink {
     Stderr,
 }
 
-/// Rewrites one line of process `label`'s output (adds the `[rank K] ` prefix).
-pub(crate) type Relabel = Arc<dyn Fn(usize, &str) -> String + Send + Sync>;
+/// Turns one output stream into the lines to print: called with each line
+/// read (without its newline) and, with `None`, once at the stream's end.
+pub(crate) type Lines = Box<dyn FnMut(Option<&str>) -> Vec<String> + Send>;
+
+/// Makes the [`Lines`] of each output stream of process `label` (they add
+/// the `[rank K] ` prefix).
+pub(crate) type Relabel = Arc<dyn Fn(usize) -> Lines + Send + Sync>;
 
 /// One supervised process: a rank, or `mpirun` standing for all ranks.
 struct Supervised {
@@ -53,17 +58,25 @@ fn forward(
     relabel: Relabel,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
+        let mut lines = relabel(label);
+        let print = |lines: Vec<String>| {
+            if lines.is_empty() {
+                return;
+            }
+            let text = lines.join("\n");
+            match sink {
+                Sink::Stdout => println!("{text}"),
+                Sink::Stderr => eprintln!("{text}"),
+            }
+        };
         let mut reader = BufReader::new(stream);
         let mut raw = Vec::new();
         while matches!(reader.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
             let text = String::from_utf8_lossy(&raw);
-            let line = relabel(label, text.trim_end_matches(['\n', '\r']));
-            match sink {
-                Sink::Stdout => println!("{line}"),
-                Sink::Stderr => eprintln!("{line}"),
-            }
+            print(lines(Some(text.trim_end_matches(['\n', '\r']))));
             raw.clear();
         }
+        print(lines(None));
     })
 }
 
