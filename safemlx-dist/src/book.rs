@@ -39,3 +39,6 @@ pub struct Design;
 
 #[doc = include_str!("../../README.md")]
 pub struct Readme;
+
+#[doc = include_str!("../../book/src/quantized.md")]
+pub struct Quantized;

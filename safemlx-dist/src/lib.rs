@@ -31,6 +31,7 @@ pub mod generate;
 pub mod launch;
 pub mod models;
 pub mod nn;
+pub mod quantized;
 mod runtime;
 pub mod tokenizer;
 pub mod typed;

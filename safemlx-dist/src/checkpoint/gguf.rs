@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use safemlx::{Array, Stream};
 
 use crate::error::{Error, Result};
+use crate::quantized::AffineWeight;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -506,6 +507,176 @@ impl GgufFile {
         }
         Ok(Array::from_slice(&values, &[rows as i32, width as i32]))
     }
+}
+
+impl GgufFile {
+    /// Rows `ranges` of the 2-D Q8_0, Q4_0 or Q4_1 tensor `name`, kept
+    /// quantized: the same values as [`GgufFile::read_rows`] in MLX's
+    /// affine layout (see [`to_affine`]).
+    ///
+    /// # Errors
+    /// No such tensor, not 2-D, another type, rows past its end, or a failed read.
+    pub fn read_quantized_rows(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        let (t, rows, columns) = self.quantized_tensor(name)?;
+        let (_, block_bytes) = t.kind.block();
+        let row_bytes = (columns / 32 * block_bytes) as u64;
+        let mut bytes = Vec::new();
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > rows) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {rows} rows; rows {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+            let start = t.offset + first as u64 * row_bytes;
+            bytes.extend(self.read_at(name, start, count as u64 * row_bytes)?);
+        }
+        let picked: usize = ranges.iter().map(|r| r.1).sum();
+        self.affine(name, t.kind, &bytes, [picked, columns], s)
+    }
+
+    /// Groups (blocks of 32 columns) `ranges` of every row of the 2-D
+    /// Q8_0, Q4_0 or Q4_1 tensor `name`, kept quantized.
+    ///
+    /// # Errors
+    /// No such tensor, not 2-D, another type, groups past its end, or a failed read.
+    pub fn read_quantized_groups(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        let (t, rows, columns) = self.quantized_tensor(name)?;
+        let (_, block_bytes) = t.kind.block();
+        let groups = columns / 32;
+        for &(first, count) in ranges {
+            if first.checked_add(count).is_none_or(|end| end > groups) {
+                return Err(self.error(format!(
+                    "tensor `{name}` has {groups} groups of 32 per row; groups {first}..{} were asked for",
+                    first.saturating_add(count)
+                )));
+            }
+        }
+        let picked: usize = ranges.iter().map(|r| r.1).sum();
+        let mut bytes = Vec::with_capacity(rows * picked * block_bytes);
+        for row in 0..rows {
+            for &(first, count) in ranges.iter().filter(|r| r.1 > 0) {
+                let start = t.offset + ((row * groups + first) * block_bytes) as u64;
+                bytes.extend(self.read_at(name, start, (count * block_bytes) as u64)?);
+            }
+        }
+        self.affine(name, t.kind, &bytes, [rows, picked * 32], s)
+    }
+
+    fn quantized_tensor(&self, name: &str) -> Result<(&GgufTensor, usize, usize)> {
+        let t = self.tensor(name)?;
+        let &[rows, columns] = t.shape.as_slice() else {
+            return Err(self.error(format!(
+                "tensor `{name}` has shape {:?}; a quantized weight is 2-D",
+                t.shape
+            )));
+        };
+        if !matches!(t.kind, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+            return Err(self.error(format!(
+                "tensor `{name}` is {:?}; only Q8_0, Q4_0 and Q4_1 stay quantized (read it with `read_rows`)",
+                t.kind
+            )));
+        }
+        Ok((t, rows as usize, columns as usize))
+    }
+
+    fn affine(
+        &self,
+        name: &str,
+        kind: GgmlType,
+        bytes: &[u8],
+        [rows, columns]: [usize; 2],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        let _ = s;
+        let (words, scales, biases, bits) = to_affine(kind, bytes);
+        let shape = |per_row: usize| [rows as i32, per_row as i32];
+        AffineWeight::new(
+            Array::from_slice(&words, &shape(columns * bits / 32)),
+            Array::from_slice(&scales, &shape(columns / 32)),
+            Array::from_slice(&biases, &shape(columns / 32)),
+            32,
+            bits,
+        )
+        .map_err(|e| self.error(format!("tensor `{name}`: {e}")))
+    }
+}
+
+/// Whole Q8_0, Q4_0 or Q4_1 blocks as MLX affine values with group size
+/// 32, exactly (no re-quantization): the packed `uint32` words, `float32`
+/// scales and biases, and the bits (8 or 4).
+///
+/// Q8_0 (`d * q`, `q` an `i8`) is 8-bit with `q + 128`, scale `d` and bias
+/// `-128 d`; Q4_0 (`d * (q - 8)`) is 4-bit with `q`, scale `d` and bias
+/// `-8 d`; Q4_1 (`d * q + m`) has scale `d` and bias `m`. GGUF stores a
+/// 4-bit block's values `j` and `j + 16` in the low and high nibble of byte
+/// `j`; MLX packs values in order, 8 to a word, the first in the lowest
+/// bits, so the nibbles are reordered. In `float32` every product and sum
+/// is exact for Q8_0 and Q4_0, and is the same single rounding as the
+/// dequantized path for Q4_1, so `dequantize` of the result equals
+/// [`dequantize`] of the blocks.
+///
+/// Another type has no affine form and gives empty vectors.
+pub fn to_affine(kind: GgmlType, bytes: &[u8]) -> (Vec<u32>, Vec<f32>, Vec<f32>, usize) {
+    let (_, block_bytes) = kind.block();
+    let blocks = bytes.len() / block_bytes.max(1);
+    let bits = if kind == GgmlType::Q8_0 { 8 } else { 4 };
+    let mut words = Vec::with_capacity(blocks * 32 * bits / 32);
+    let (mut scales, mut biases) = (Vec::with_capacity(blocks), Vec::with_capacity(blocks));
+    let mut values = [0u8; 32];
+    for block in bytes.chunks_exact(block_bytes) {
+        let d = f16(&block[..2]);
+        let qs = match kind {
+            GgmlType::Q8_0 => {
+                for (v, &q) in values.iter_mut().zip(&block[2..]) {
+                    *v = (q as i8 as i16 + 128) as u8;
+                }
+                scales.push(d);
+                biases.push(-128.0 * d);
+                None
+            }
+            GgmlType::Q4_0 => {
+                scales.push(d);
+                biases.push(-8.0 * d);
+                Some(&block[2..])
+            }
+            GgmlType::Q4_1 => {
+                scales.push(d);
+                biases.push(f16(&block[2..4]));
+                Some(&block[4..])
+            }
+            _ => return (Vec::new(), Vec::new(), Vec::new(), 0),
+        };
+        match qs {
+            None => words.extend(
+                values
+                    .chunks_exact(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
+            Some(qs) => {
+                for (j, &q) in qs.iter().enumerate() {
+                    values[j] = q & 0x0F;
+                    values[j + 16] = q >> 4;
+                }
+                words.extend(values.chunks_exact(8).map(|v| {
+                    v.iter()
+                        .enumerate()
+                        .fold(0u32, |w, (i, &q)| w | u32::from(q) << (4 * i))
+                }));
+            }
+        }
+    }
+    (words, scales, biases, bits)
 }
 
 /// (rows, elements per row) of a row-major shape; a vector's rows are its

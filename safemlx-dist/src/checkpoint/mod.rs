@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use safemlx::{Array, Dtype, Stream};
 
 pub use format::TensorInfo;
-pub use gguf::{dequantize, GgmlType, GgufFile, GgufTensor, GgufValue};
+pub use gguf::{dequantize, to_affine, GgmlType, GgufFile, GgufTensor, GgufValue};
 pub use hf::HfDirectory;
 pub use source::{GgufWeights, TensorSource};
 

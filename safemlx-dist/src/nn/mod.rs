@@ -13,6 +13,7 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
+mod quantized_linear;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
@@ -23,3 +24,4 @@ pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};
 pub use norm::RmsNorm;
+pub use quantized_linear::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};

@@ -1,0 +1,198 @@
+//! Weights that stay quantized: MLX's affine quantization.
+//!
+//! A `[rows, columns]` weight is stored as `bits`-bit unsigned values
+//! packed `32 / bits` to a `uint32` (the first value in the lowest bits),
+//! and per group of `group_size` consecutive values of a row a `scale` and
+//! a `bias`: value = `scale * q + bias`. This is the layout of MLX's
+//! `quantize`, `dequantize` and `quantized_matmul`, and of mlx-community's
+//! checkpoints (`weight`, `scales`, `biases`).
+//!
+//! Splitting the rows (a layer's outputs) is free; splitting the columns (a
+//! layer's inputs) must fall on group boundaries: [`AffineWeight::groups`]
+//! takes whole groups.
+
+use safemlx::ops::indexing::TryIndexOp;
+use safemlx::ops::{dequantize, quantize, quantized_matmul};
+use safemlx::{Array, Dtype, Stream};
+
+use crate::{Error, Result};
+
+/// A quantized `[rows, columns]` weight (see the module docs).
+#[derive(Debug, Clone)]
+pub struct AffineWeight {
+    /// `uint32` `[rows, columns * bits / 32]`.
+    pub weight: Array,
+    /// `[rows, columns / group_size]`.
+    pub scales: Array,
+    /// `[rows, columns / group_size]`.
+    pub biases: Array,
+    /// Values per scale and bias.
+    pub group_size: usize,
+    /// Bits per value: 2, 3, 4, 5, 6 or 8.
+    pub bits: usize,
+}
+
+impl AffineWeight {
+    /// Checks that the arrays agree with each other, `group_size` and `bits`.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming the arrays and their shapes.
+    pub fn new(
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        group_size: usize,
+        bits: usize,
+    ) -> Result<Self> {
+        let q = Self {
+            weight,
+            scales,
+            biases,
+            group_size,
+            bits,
+        };
+        let bad = |why: String| Err(Error::Shape(format!("a quantized weight: {why}")));
+        if ![2, 3, 4, 5, 6, 8].contains(&bits) || ![32, 64, 128].contains(&group_size) {
+            return bad(format!(
+                "bits {bits} and group size {group_size}; MLX takes bits 2, 3, 4, 5, 6 or 8 and group size 32, 64 or 128"
+            ));
+        }
+        if q.weight.dtype() != Dtype::Uint32 {
+            return bad(format!(
+                "packed values of dtype {:?}; they are uint32",
+                q.weight.dtype()
+            ));
+        }
+        let (w, sc, bi) = (q.weight.shape(), q.scales.shape(), q.biases.shape());
+        let columns = w.get(1).map(|&c| c as usize * 32 / bits);
+        let fits = w.len() == 2
+            && sc == bi
+            && sc.len() == 2
+            && sc[0] == w[0]
+            && columns == Some(sc[1] as usize * group_size);
+        if !fits {
+            return bad(format!(
+                "packed values {w:?}, scales {sc:?} and biases {bi:?} do not agree with {bits} bits in groups of {group_size} (for [rows, columns]: [rows, columns * {bits} / 32], [rows, columns / {group_size}] twice)"
+            ));
+        }
+        Ok(q)
+    }
+
+    /// Quantizes the float `[rows, columns]` weight `w` with MLX's `quantize`.
+    ///
+    /// # Errors
+    /// Sizes MLX cannot quantize (columns not a multiple of `group_size`).
+    pub fn quantize(w: &Array, group_size: usize, bits: usize, s: &Stream) -> Result<Self> {
+        let columns = w.shape().get(1).copied().unwrap_or(0) as usize;
+        if w.ndim() != 2 || columns % group_size != 0 {
+            return Err(Error::Shape(format!(
+                "quantizing a weight of shape {:?} in groups of {group_size}: it needs 2 dimensions and a multiple of {group_size} columns",
+                w.shape()
+            )));
+        }
+        let (weight, scales, biases) = quantize(w, group_size as i32, bits as i32, s)?;
+        Self::new(weight, scales, biases, group_size, bits)
+    }
+
+    /// The logical `[rows, columns]`.
+    pub fn shape(&self) -> [usize; 2] {
+        let s = self.scales.shape();
+        [s[0] as usize, s[1] as usize * self.group_size]
+    }
+
+    /// Groups per row.
+    pub fn groups_per_row(&self) -> usize {
+        self.shape()[1] / self.group_size
+    }
+
+    /// Bytes of the packed values, scales and biases.
+    pub fn nbytes(&self) -> usize {
+        self.weight.nbytes() + self.scales.nbytes() + self.biases.nbytes()
+    }
+
+    /// Rows `first..first + count` (a layer's outputs).
+    ///
+    /// # Errors
+    /// Rows past the end, or an MLX error.
+    pub fn rows(&self, first: usize, count: usize, s: &Stream) -> Result<Self> {
+        let rows = self.shape()[0];
+        if first + count > rows {
+            return Err(Error::Shape(format!(
+                "rows {first}..{} of a quantized weight with {rows} rows",
+                first + count
+            )));
+        }
+        let (a, b) = (first as i32, (first + count) as i32);
+        Ok(Self {
+            weight: self.weight.try_index_device((a..b, ..), s)?,
+            scales: self.scales.try_index_device((a..b, ..), s)?,
+            biases: self.biases.try_index_device((a..b, ..), s)?,
+            ..*self
+        })
+    }
+
+    /// Groups `first..first + count` of every row (a layer's inputs, in
+    /// whole groups).
+    ///
+    /// # Errors
+    /// Groups past the end, or an MLX error.
+    pub fn groups(&self, first: usize, count: usize, s: &Stream) -> Result<Self> {
+        let groups = self.groups_per_row();
+        if first + count > groups {
+            return Err(Error::Shape(format!(
+                "groups {first}..{} of a quantized weight with {groups} groups of {} per row",
+                first + count,
+                self.group_size
+            )));
+        }
+        let words = self.group_size * self.bits / 32;
+        let (a, b) = (first as i32, (first + count) as i32);
+        let (wa, wb) = ((first * words) as i32, ((first + count) * words) as i32);
+        Ok(Self {
+            weight: self.weight.try_index_device((.., wa..wb), s)?,
+            scales: self.scales.try_index_device((.., a..b), s)?,
+            biases: self.biases.try_index_device((.., a..b), s)?,
+            ..*self
+        })
+    }
+
+    /// The float values, `[rows, columns]` (MLX's `dequantize`).
+    ///
+    /// # Errors
+    /// An MLX error.
+    pub fn dequantize(&self, s: &Stream) -> Result<Array> {
+        Ok(dequantize(
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            self.group_size as i32,
+            self.bits as i32,
+            s,
+        )?)
+    }
+
+    /// `x Wᵀ` for `x` `[..., columns]`: `[..., rows]`, without dequantizing.
+    ///
+    /// # Errors
+    /// `x` without `columns` trailing values, or an MLX error.
+    pub fn matmul_t(&self, x: &Array, s: &Stream) -> Result<Array> {
+        let columns = self.shape()[1];
+        if x.shape().last().map(|&d| d as usize) != Some(columns) {
+            return Err(Error::Shape(format!(
+                "x of shape {:?} times a quantized [{}, {columns}] weight transposed: x needs {columns} trailing values",
+                x.shape(),
+                self.shape()[0]
+            )));
+        }
+        Ok(quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            true,
+            self.group_size as i32,
+            self.bits as i32,
+            s,
+        )?)
+    }
+}

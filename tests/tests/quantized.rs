@@ -1,0 +1,222 @@
+//! Weights that stay quantized: GGUF blocks map exactly onto MLX's affine
+//! layout (the `gguf` package's dequantized values, goldens made by
+//! `tests/golden/make_gguf_goldens.py`), and quantized column- and
+//! row-parallel layers at 1, 2, 3 and 4 ranks equal one process's
+//! `quantized_matmul` of the same quantized weights.
+
+use std::path::{Path, PathBuf};
+
+use safemlx::Stream;
+use safemlx_dist::checkpoint::{Checkpoint, GgufFile};
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::nn::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
+use safemlx_dist::quantized::AffineWeight;
+use safemlx_dist::typed::ShardedArray;
+use safemlx_dist::{Backend, Group};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::dense::{host, max_relative_error, random};
+use safemlx_dist_tests::typed::Rng;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/gguf")
+        .join(name)
+}
+
+/// Q8_0, Q4_0 and Q4_1 with the bits MLX holds them in.
+const QUANTIZED: [(&str, usize); 3] = [("q8_0", 8), ("q4_0", 4), ("q4_1", 4)];
+
+#[test]
+fn gguf_blocks_are_mlx_affine_weights_with_the_gguf_packages_values() {
+    let s = cpu();
+    let file = GgufFile::open(golden("quants.gguf")).expect("opens");
+    let want = Checkpoint::open(golden("quants-dequantized.safetensors")).expect("golden");
+    for (name, bits) in QUANTIZED {
+        let expected = host(&want.read(name, &s).unwrap(), &s);
+        let whole = file.read_quantized_rows(name, &[(0, 4)], &s).unwrap();
+        assert_eq!(
+            (whole.shape(), whole.group_size, whole.bits),
+            ([4, 64], 32, bits)
+        );
+        // Exactly: no re-quantization, MLX's dequantize gives gguf's values.
+        assert_eq!(host(&whole.dequantize(&s).unwrap(), &s), expected, "{name}");
+        let rows = file.read_quantized_rows(name, &[(1, 2)], &s).unwrap();
+        assert_eq!(
+            host(&rows.dequantize(&s).unwrap(), &s),
+            expected[64..192],
+            "{name}: rows"
+        );
+        let second: Vec<f32> = (0..4)
+            .flat_map(|r| expected[r * 64 + 32..r * 64 + 64].to_vec())
+            .collect();
+        let groups = file.read_quantized_groups(name, &[(1, 1)], &s).unwrap();
+        assert_eq!(groups.shape(), [4, 32]);
+        assert_eq!(
+            host(&groups.dequantize(&s).unwrap(), &s),
+            second,
+            "{name}: groups"
+        );
+        // The shard of the whole equals what was read for it.
+        let shard = whole.groups(1, 1, &s).unwrap().rows(1, 2, &s).unwrap();
+        let picked: Vec<f32> = second[32..96].to_vec();
+        assert_eq!(
+            host(&shard.dequantize(&s).unwrap(), &s),
+            picked,
+            "{name}: shard"
+        );
+    }
+    // A Q4_1 row is 2 blocks of 20 bytes: rows 0..2 read 80 bytes, and
+    // group 1 of 4 rows reads 4 blocks.
+    let before = file.bytes_read();
+    file.read_quantized_rows("q4_1", &[(0, 2)], &s).unwrap();
+    file.read_quantized_groups("q4_1", &[(1, 1)], &s).unwrap();
+    assert_eq!(file.bytes_read() - before, 80 + 4 * 20);
+    let error = file
+        .read_quantized_rows("f16", &[(0, 1)], &s)
+        .expect_err("f16 has no quantized form")
+        .to_string();
+    assert!(
+        error.ends_with("tensor `f16` is F16; only Q8_0, Q4_0 and Q4_1 stay quantized (read it with `read_rows`)"),
+        "{error}"
+    );
+}
+
+/// The same quantized weights on every rank: `(gate, up)` `[H, D]` and
+/// `down` `[D, H]`, from a fixed seed.
+fn weights(
+    (d, h): (i32, i32),
+    (group_size, bits): (usize, usize),
+    s: &Stream,
+) -> [AffineWeight; 3] {
+    let mut rng = Rng::new(11);
+    let mut q = |shape: [i32; 2]| {
+        AffineWeight::quantize(&random(&mut rng, &shape, 0.05), group_size, bits, s).unwrap()
+    };
+    [q([h, d]), q([h, d]), q([d, h])]
+}
+
+/// `down(silu(x gate) * (x up))` with quantized weights, dense on one
+/// process.
+fn one_process(x: &safemlx::Array, [gate, up, down]: &[AffineWeight; 3], s: &Stream) -> Vec<f32> {
+    let g = gate.matmul_t(x, s).unwrap();
+    let hidden = g
+        .multiply(safemlx::ops::sigmoid(&g, s).unwrap(), s)
+        .unwrap()
+        .multiply(up.matmul_t(x, s).unwrap(), s)
+        .unwrap();
+    host(&down.matmul_t(&hidden, s).unwrap(), s)
+}
+
+fn quantized_mlp(group: &Group) {
+    let s = cpu();
+    for (dims, quant) in [
+        ((64, 384), (32, 4)),
+        ((64, 768), (64, 8)),
+        ((128, 1536), (128, 4)),
+    ] {
+        let full = weights(dims, quant, &s);
+        let x = random(&mut Rng::new(5), &[7, dims.0], 0.1);
+        let want = one_process(&x, &full, &s);
+        let gate = QuantizedColumnParallelLinear::from_full(group, &full[0], &s).unwrap();
+        let up = QuantizedColumnParallelLinear::from_full(group, &full[1], &s).unwrap();
+        let down = QuantizedRowParallelLinear::from_full(group, &full[2], &s).unwrap();
+        // Each rank holds about 1/n of the quantized bytes, never floats.
+        let held = gate.weight.nbytes() + up.weight.nbytes() + down.weight.nbytes();
+        let total: usize = full.iter().map(AffineWeight::nbytes).sum();
+        assert!(
+            held <= total.div_ceil(group.size()) + 64,
+            "{held} of {total} bytes"
+        );
+        let x = ShardedArray::replicated(x, group);
+        let hidden = gate
+            .forward(&x, &s)
+            .unwrap()
+            .silu(&s)
+            .unwrap()
+            .mul(&up.forward(&x, &s).unwrap(), &s)
+            .unwrap();
+        let y = down.forward(&hidden, &s).unwrap();
+        assert_eq!(y.global_shape(), [7, dims.0]);
+        let err = max_relative_error(&host(y.local(), &s), &want);
+        assert!(
+            err <= 1e-4,
+            "rank {} of {}, {dims:?} {quant:?}: relative error {err}",
+            group.rank(),
+            group.size()
+        );
+    }
+    // Outputs split unevenly (100 rows over 3 or 4 ranks), then gathered.
+    let w = AffineWeight::quantize(&random(&mut Rng::new(3), &[100, 64], 0.05), 32, 4, &s).unwrap();
+    let x = random(&mut Rng::new(4), &[5, 64], 0.1);
+    let want = host(&w.matmul_t(&x, &s).unwrap(), &s);
+    let layer = QuantizedColumnParallelLinear::from_full(group, &w, &s).unwrap();
+    let y = layer
+        .forward(&ShardedArray::replicated(x, group), &s)
+        .unwrap()
+        .all_gather(&s)
+        .unwrap();
+    assert_eq!(y.global_shape(), [5, 100]);
+    assert!(max_relative_error(&host(y.local(), &s), &want) <= 1e-5);
+}
+
+#[test]
+fn quantized_layers_at_one_to_four_ranks_equal_one_process() {
+    for n in 1..=4 {
+        Ranks::new(n)
+            .backend(Backend::Ring)
+            .run_test(quantized_mlp)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+}
+
+/// GGUF's quantized blocks as layers: each rank reads its rows or groups.
+fn gguf_layers(group: &Group) {
+    let s = cpu();
+    let file = GgufFile::open(golden("quants.gguf")).expect("opens");
+    for (name, _) in QUANTIZED {
+        let full = file.read(name, &s).unwrap();
+        let x = random(&mut Rng::new(9), &[3, 64], 0.1);
+        let want = host(&x.matmul(full.transpose(&s).unwrap(), &s).unwrap(), &s);
+        let column = QuantizedColumnParallelLinear::from_gguf(group, &file, name, &s).unwrap();
+        let y = column
+            .forward(&ShardedArray::replicated(x.clone(), group), &s)
+            .unwrap()
+            .all_gather(&s)
+            .unwrap();
+        assert!(
+            max_relative_error(&host(y.local(), &s), &want) <= 1e-5,
+            "{name}"
+        );
+        // [4, 64] as a row-parallel weight: 2 groups, whole at 1 or 2 ranks.
+        let row = QuantizedRowParallelLinear::from_gguf(group, &file, name, &s);
+        if group.size() > 2 {
+            let error = row.expect_err("3 ranks cut a group of 32").to_string();
+            assert_eq!(
+                error,
+                format!(
+                    "GGUF tensor `{name}`: a row-parallel quantized weight with 64 inputs in groups of 32 over {n} ranks: rank 0 would hold inputs 0..{end}, which cuts a group of 32; these inputs split only over rank counts that give every rank whole groups (2 groups)",
+                    n = group.size(),
+                    end = 64usize.div_ceil(group.size())
+                )
+            );
+            continue;
+        }
+        let row = row.unwrap();
+        let x = ShardedArray::replicated(x, group).shard::<1>(&s).unwrap();
+        let y = row.forward(&x, &s).unwrap();
+        assert!(
+            max_relative_error(&host(y.local(), &s), &want) <= 1e-5,
+            "{name}: row"
+        );
+    }
+}
+
+#[test]
+fn gguf_quantized_layers_read_their_part_at_one_to_three_ranks() {
+    for n in 1..=3 {
+        Ranks::new(n)
+            .backend(Backend::Ring)
+            .run_test(gguf_layers)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+}
