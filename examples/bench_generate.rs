@@ -5,7 +5,7 @@
 //! collective each decode step waits on twice per layer.
 //!
 //! ```text
-//! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl
+//! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl [--dequantize]
 //! ```
 //!
 //! The prompt is the token ids `(i * 7919) % 20000 + 100`, which the
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use safemlx::Array;
 use safemlx_dist::generate::Sampler;
-use safemlx_dist::models::load;
+use safemlx_dist::models::{load_with, Weights};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::{all_sum, init};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, values};
@@ -54,7 +54,15 @@ fn run() -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
-    let loaded = load(&group, std::path::Path::new(&model_path), &s).map_err(err)?;
+    // `--dequantize`: float32 weights (the rows measured so far); without
+    // it the quantized blocks stay quantized.
+    let weights = if std::env::args().any(|a| a == "--dequantize") {
+        Weights::Dequantized
+    } else {
+        Weights::AsStored
+    };
+    let path = std::path::Path::new(&model_path);
+    let loaded = load_with(&group, path, weights, &s).map_err(err)?;
     let model = &loaded.model;
     let prompt: Vec<u32> = (0..prompt_len)
         .map(|i| ((i * 7919) % 20000 + 100) as u32)
@@ -105,7 +113,7 @@ fn run() -> Result<(), String> {
             "ranks": n,
             "threads": 1,
             "model": model_path,
-            "weights": "dequantized f32",
+            "weights": if model.is_quantized() { "quantized" } else { "dequantized f32" },
             "prompt_tokens": prompt_len,
             "decode_tokens": decode,
             "prefill_tokens_per_s": median(prefill),

@@ -3,14 +3,16 @@
 //! ```text
 //! safemlx-launch -n N -- target/release/examples/generate [--model PATH]
 //!     [--prompt TEXT] [--chat] [--max-tokens K] [--temperature T]
-//!     [--top-p P] [--seed S] [--check]
+//!     [--top-p P] [--seed S] [--dequantize] [--check]
 //! ```
 //!
 //! `--model` is a Hugging Face directory or a `.gguf` file; the default is
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) in the cache, which `cargo xtask demo`
-//! fetches. Rank 0 streams the text; every rank prints the bytes it read,
-//! the bytes its weights and KV cache hold, and the prefill and decode
-//! tokens/s. `--check` also runs the same model in one process (a child of
+//! fetches. Quantized weights (the GGUF's `Q4_1` and `Q8_0` blocks,
+//! mlx-community directories) stay quantized; `--dequantize` loads them as
+//! `float32` to compare. Rank 0 streams the text; every rank prints the
+//! bytes it read, the bytes its weights (quantized or not) and KV cache
+//! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0 without peers), compares the prompt's logits (maximum relative
 //! error, at most 1e-4) and checks that the greedy tokens agree.
 
@@ -22,7 +24,7 @@ use std::time::Instant;
 use safemlx::Array;
 use safemlx_dist::checkpoint::{save, Checkpoint};
 use safemlx_dist::generate::{generate, Generated, Sampler};
-use safemlx_dist::models::{load, Loaded};
+use safemlx_dist::models::{load_with, Loaded, Weights};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::{all_sum, init, Backend, Group};
 use safemlx_dist_examples::{backend_from_args, compare, cpu_stream, flag, values};
@@ -59,6 +61,7 @@ struct Options {
     temperature: f32,
     top_p: f32,
     seed: u64,
+    weights: Weights,
     check: bool,
 }
 
@@ -95,6 +98,11 @@ fn options() -> Result<Options, String> {
         temperature: number("--temperature", "0")? as f32,
         top_p: number("--top-p", "1")? as f32,
         seed: number("--seed", "0")? as u64,
+        weights: if has("--dequantize") {
+            Weights::Dequantized
+        } else {
+            Weights::AsStored
+        },
         check: has("--check"),
     })
 }
@@ -133,7 +141,7 @@ fn run() -> Result<(), String> {
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
     let started = Instant::now();
-    let loaded = load(&group, &o.model, &s).map_err(err)?;
+    let loaded = load_with(&group, &o.model, o.weights, &s).map_err(err)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let prompt = prompt_tokens(&loaded, &o)?;
     let model = &loaded.model;
@@ -208,9 +216,14 @@ fn report(
         })
         .unwrap_or_default();
     println!(
-        "rank {rank}/{n}: {heads}; read {} of weights in {load_seconds:.2} s, holds {}, KV cache {}",
+        "rank {rank}/{n}: {heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}",
         mib(loaded.weights.bytes_read()),
         mib(loaded.model.weight_bytes() as u64),
+        if loaded.model.is_quantized() {
+            "quantized"
+        } else {
+            "float"
+        },
         mib(cache.nbytes() as u64),
     );
     if rank == 0 {

@@ -161,6 +161,12 @@ impl AffineWeight {
     /// # Errors
     /// An MLX error.
     pub fn dequantize(&self, s: &Stream) -> Result<Array> {
+        let [rows, columns] = self.shape();
+        if rows == 0 || columns == 0 {
+            // MLX cannot dequantize an empty array (a rank's empty part).
+            let shape = [rows as i32, columns as i32];
+            return Ok(safemlx::ops::zeros_dtype(&shape, self.scales.dtype(), s)?);
+        }
         Ok(dequantize(
             &self.weight,
             &self.scales,
@@ -183,6 +189,15 @@ impl AffineWeight {
                 x.shape(),
                 self.shape()[0]
             )));
+        }
+        if self.shape()[0] == 0 || columns == 0 {
+            // An empty part: MLX's kernel does not take empty weights.
+            let mut shape = x.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = self.shape()[0] as i32;
+            }
+            let product = safemlx::ops::zeros_dtype(&shape, self.scales.dtype(), s)?;
+            return Ok(product);
         }
         Ok(quantized_matmul(
             x,

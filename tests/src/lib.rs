@@ -5,6 +5,7 @@
 //! [`safemlx_dist::launch::Ranks`]; the functions here are what each rank runs.
 
 pub mod dense;
+pub mod models;
 pub mod typed;
 
 use safemlx::{Array, Device, DeviceType, Dtype, Stream};

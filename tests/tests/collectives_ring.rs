@@ -119,3 +119,42 @@ fn strided_views_are_sent_in_logical_order() {
         .run_test(check_strided_inputs)
         .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
 }
+
+/// Two all_sums whose inputs do not depend on each other on some ranks (a
+/// rank whose part adds nothing, as one holding no attention head) still
+/// run in program order on every rank: before collectives were sequenced,
+/// MLX ran the second first on those ranks and the two sums swapped
+/// operands across ranks.
+#[test]
+fn collectives_run_in_program_order_when_their_inputs_are_independent() {
+    for ranks in [2, 3] {
+        Ranks::new(ranks)
+            .backend(Backend::Ring)
+            .run_test(|group| {
+                use safemlx::Array;
+                use safemlx_dist::all_sum;
+                let s = safemlx_dist_tests::cpu();
+                let n = group.size() as f32;
+                let first = all_sum(&Array::from_slice(&[1.0f32; 4], &[4]), group, &s).unwrap();
+                // Rank 0's second input depends on the first sum; the
+                // others' are constants.
+                let second_input = if group.rank() == 0 {
+                    first
+                        .add(Array::from_slice(&[10.0f32; 4], &[4]), &s)
+                        .unwrap()
+                } else {
+                    Array::from_slice(&[100.0f32; 4], &[4])
+                };
+                let second = all_sum(&second_input, group, &s).unwrap();
+                // As a residual stream: x + all_sum(part), then evaluated.
+                let out = first.add(&second, &s).unwrap();
+                safemlx_dist::eval(&[&out]).unwrap();
+                let read = |a: &Array| safemlx_dist_tests::dense::host(a, &s);
+                assert_eq!(read(&first), [n; 4], "rank {}", group.rank());
+                let want = n + 10.0 + 100.0 * (n - 1.0);
+                assert_eq!(read(&second), [want; 4], "rank {}", group.rank());
+                assert_eq!(read(&out), [n + want; 4], "rank {}", group.rank());
+            })
+            .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
+    }
+}

@@ -7,13 +7,12 @@
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::{Checkpoint, GgufFile, HfDirectory, TensorSource};
+use safemlx_dist::checkpoint::{GgufFile, HfDirectory, TensorSource};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::Llama;
-use safemlx_dist::nn::gather_logits;
 use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error};
+use safemlx_dist_tests::models::check_logits;
 
 /// Every case of the golden script: (directory, what it covers).
 const CASES: [(&str, &str); 5] = [
@@ -35,15 +34,7 @@ fn golden_dir(case: &str) -> PathBuf {
 
 /// The prompt and mlx-lm's logits `[T, V]` (row-major).
 fn golden(case: &str, s: &Stream) -> (Vec<u32>, Vec<f32>) {
-    let file = Checkpoint::open(golden_dir(case).join("golden.safetensors")).expect("golden");
-    let tokens = file
-        .read("tokens", s)
-        .and_then(|a| Ok(a.into_evaluated()?))
-        .expect("tokens")
-        .try_to_vec::<i32>()
-        .expect("i32");
-    let logits = host(&file.read("logits", s).expect("logits"), s);
-    (tokens.into_iter().map(|t| t as u32).collect(), logits)
+    safemlx_dist_tests::models::golden(&golden_dir(case).join("golden.safetensors"), s)
 }
 
 /// Total tensor bytes of a model directory.
@@ -77,53 +68,10 @@ fn check_model(group: &Group, model: &Llama, (read, total): (u64, u64), case: &s
     let (n, rank) = (group.size(), group.rank());
     let what = format!("{case} ({about}) at rank {rank} of {n}");
     let (prompt, want) = golden(case, &s);
-    let vocab = model.config().vocab_size;
     if n > 1 {
         assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
     }
-
-    // The whole prompt at once.
-    let mut cache = model.new_cache();
-    let logits = model.forward(&prompt, &mut cache, &s).expect("forward");
-    let t = prompt.len();
-    let full = gather_logits(&logits, 0..t, &s).expect("gather");
-    assert_eq!(full.global_shape(), [t as i32, vocab as i32]);
-    let got = host(full.local(), &s);
-    let err = max_relative_error(&got, &want);
-    assert!(err <= 1e-4, "{what}: prompt logits relative error {err}");
-    assert_eq!(cache.len(), t);
-
-    // The last position only (what generation samples from).
-    let mut cache = model.new_cache();
-    let last = model
-        .forward_last(&prompt, &mut cache, &s)
-        .expect("forward_last");
-    let last = gather_logits(&last, 0..1, &s).expect("gather");
-    let err = max_relative_error(&host(last.local(), &s), &want[(t - 1) * vocab..]);
-    assert!(err <= 1e-4, "{what}: forward_last relative error {err}");
-
-    // Prefill all but the last 3 tokens, then decode one at a time: each
-    // step's logits equal the row of the whole-prompt logits.
-    let mut cache = model.new_cache();
-    let split = t - 3;
-    let logits = model
-        .forward(&prompt[..split], &mut cache, &s)
-        .expect("prefill");
-    let last = gather_logits(&logits, split - 1..split, &s).expect("gather");
-    let row = |i: usize| &want[i * vocab..(i + 1) * vocab];
-    let err = max_relative_error(&host(last.local(), &s), row(split - 1));
-    assert!(
-        err <= 1e-4,
-        "{what}: prefill's last row relative error {err}"
-    );
-    for (i, &token) in prompt.iter().enumerate().skip(split) {
-        let logits = model.forward(&[token], &mut cache, &s).expect("decode");
-        let step = gather_logits(&logits, 0..1, &s).expect("gather");
-        let err = max_relative_error(&host(step.local(), &s), row(i));
-        assert!(err <= 1e-4, "{what}: decode step {i} relative error {err}");
-    }
-    assert_eq!(cache.len(), t);
-    assert!(cache.nbytes() > 0);
+    check_logits(model, &prompt, &want, &what);
 }
 
 fn all_cases(group: &Group) {

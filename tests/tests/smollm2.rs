@@ -150,3 +150,53 @@ fn smollm2_answers_the_same_greedy_tokens_at_one_and_two_ranks() {
     assert_eq!(read("1-of-2"), one, "rank 1 of 2");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The chat prompt's logits of the quantized model (the file's Q4_1 and
+/// Q8_0 blocks kept quantized) at `group.size()` ranks, gathered, and those
+/// of the same file dequantized to float32.
+fn quantized_and_dequantized(group: &Group) {
+    use safemlx_dist::models::{load_with, Weights};
+    use safemlx_dist::nn::gather_logits;
+    use safemlx_dist_tests::dense::{host, max_relative_error};
+    let s = cpu();
+    let prompt = ids(&golden()["chat_ids"]);
+    let t = prompt.len();
+    let logits = |weights| {
+        let loaded = load_with(group, &model_path(), weights, &s).expect("loads");
+        let mut cache = loaded.model.new_cache();
+        let logits = loaded
+            .model
+            .forward(&prompt, &mut cache, &s)
+            .expect("forward");
+        let full = gather_logits(&logits, t - 4..t, &s).expect("gather");
+        (
+            loaded.model.is_quantized(),
+            loaded.model.weight_bytes(),
+            host(full.local(), &s),
+        )
+    };
+    let (quantized, q_bytes, q) = logits(Weights::AsStored);
+    let (float, f_bytes, f) = logits(Weights::Dequantized);
+    let what = format!("rank {} of {}", group.rank(), group.size());
+    assert!(quantized && !float, "{what}");
+    // Q4_1 and Q8_0 as 4 and 8 bits with f32 scales and biases: about a fifth.
+    assert!(
+        f_bytes > 4 * q_bytes,
+        "{what}: {q_bytes} quantized, {f_bytes} float bytes"
+    );
+    let err = max_relative_error(&q, &f);
+    assert!(
+        err <= 1e-4,
+        "{what}: quantized vs dequantized relative error {err}"
+    );
+}
+
+#[test]
+fn smollm2_quantized_logits_equal_the_dequantized_model_at_one_to_three_ranks() {
+    model_path();
+    for n in 1..=3 {
+        Ranks::new(n)
+            .run_test(quantized_and_dequantized)
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}

@@ -44,7 +44,7 @@ use safemlx::{Array, Dtype, Stream};
 pub use format::TensorInfo;
 pub use gguf::{dequantize, to_affine, GgmlType, GgufFile, GgufTensor, GgufValue};
 pub use hf::HfDirectory;
-pub use source::{GgufWeights, TensorSource};
+pub use source::{whole_groups, Dequantized, GgufWeights, TensorSource};
 
 use crate::error::{Error, Result};
 use crate::typed::collective::slice_axis;

@@ -11,7 +11,10 @@
 //! ```
 //!
 //! `W` is the LM head, or `E` itself with tied embeddings (SmolLM2). Each
-//! rank reads only its part of every tensor from the checkpoint.
+//! rank reads only its part of every tensor from the checkpoint; tensors
+//! the checkpoint stores quantized (GGUF `Q8_0`/`Q4_0`/`Q4_1`,
+//! mlx-community directories) stay quantized unless the source is wrapped
+//! in [`Dequantized`](crate::checkpoint::Dequantized).
 
 use safemlx::{Array, Stream};
 
@@ -19,7 +22,8 @@ use super::config::LlamaConfig;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, TensorSource};
 use crate::error::{Error, Result};
 use crate::nn::{
-    GqaAttention, GqaConfig, KvCache, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
+    GqaAttention, GqaConfig, KvCache, QuantizedSwiGluMlp, QuantizedVocabParallelEmbedding, RmsNorm,
+    Rope, SwiGluMlp, VocabParallelEmbedding,
 };
 use crate::typed::{Sharded, ShardedArray};
 use crate::Group;
@@ -30,7 +34,102 @@ struct DecoderLayer {
     input_norm: RmsNorm,
     attention: GqaAttention,
     post_attention_norm: RmsNorm,
-    mlp: SwiGluMlp,
+    mlp: Mlp,
+}
+
+/// The MLP: float weights through the typed layer, or quantized ones.
+#[derive(Debug)]
+enum Mlp {
+    Float(SwiGluMlp),
+    Quantized(QuantizedSwiGluMlp),
+}
+
+impl Mlp {
+    fn load(
+        group: &Group,
+        dir: &dyn TensorSource,
+        prefix: &str,
+        dims: (usize, usize),
+        s: &Stream,
+    ) -> Result<Self> {
+        let quantized = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .any(|p| dir.quantization(&format!("{prefix}{p}.weight")).is_some());
+        Ok(if quantized {
+            Self::Quantized(QuantizedSwiGluMlp::from_hf(group, dir, prefix, dims, s)?)
+        } else {
+            Self::Float(SwiGluMlp::from_hf(group, dir, prefix, dims, s)?)
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &ShardedArray<crate::Replicated>,
+        s: &Stream,
+    ) -> Result<ShardedArray<crate::Replicated>> {
+        match self {
+            Self::Float(m) => m.forward(x, s),
+            Self::Quantized(m) => m.forward(x, s),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Self::Float(m) => [m.gate.local(), m.up.local(), m.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum(),
+            Self::Quantized(m) => m.nbytes(),
+        }
+    }
+}
+
+/// A vocabulary table (embedding, LM head): float or quantized.
+#[derive(Debug)]
+enum Table {
+    Float(VocabParallelEmbedding),
+    Quantized(QuantizedVocabParallelEmbedding),
+}
+
+impl Table {
+    fn load(group: &Group, dir: &dyn TensorSource, name: &str, s: &Stream) -> Result<Self> {
+        Ok(if dir.quantization(name).is_some() {
+            Self::Quantized(QuantizedVocabParallelEmbedding::from_hf(
+                group, dir, name, s,
+            )?)
+        } else {
+            Self::Float(VocabParallelEmbedding::from_hf(group, dir, name, s)?)
+        })
+    }
+
+    fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<crate::Replicated>> {
+        match self {
+            Self::Float(e) => e.forward(tokens, s),
+            Self::Quantized(e) => e.forward(tokens, s),
+        }
+    }
+
+    fn logits(
+        &self,
+        h: &ShardedArray<crate::Replicated>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        match self {
+            Self::Float(e) => e.logits(h, s),
+            Self::Quantized(e) => e.logits(h, s),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Self::Float(e) => e.weight.local().nbytes(),
+            Self::Quantized(e) => e.weight.nbytes(),
+        }
+    }
+
+    fn is_quantized(&self) -> bool {
+        matches!(self, Self::Quantized(_))
+    }
 }
 
 /// A Llama-family model, this rank's part of it.
@@ -38,11 +137,11 @@ struct DecoderLayer {
 pub struct Llama {
     config: LlamaConfig,
     path: String,
-    embed: VocabParallelEmbedding,
+    embed: Table,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `None` with tied embeddings: the LM head is `embed`.
-    lm_head: Option<VocabParallelEmbedding>,
+    lm_head: Option<Table>,
 }
 
 impl Llama {
@@ -58,13 +157,27 @@ impl Llama {
         Self::load(group, dir, config, s)
     }
 
-    /// Loads this rank's part of a GGUF file, dequantizing its tensors to
-    /// `float32`; returns the model and the weights it read them through
-    /// (for [`TensorSource::bytes_read`]).
+    /// Loads this rank's part of a GGUF file: `Q8_0`, `Q4_0` and `Q4_1`
+    /// tensors stay quantized, the others are read as `float32`; returns
+    /// the model and the weights it read them through (for
+    /// [`TensorSource::bytes_read`]). [`load`](Self::load) with
+    /// [`Dequantized`](crate::checkpoint::Dequantized) reads every tensor
+    /// as `float32`.
     ///
     /// # Errors
     /// Those of [`LlamaConfig::from_gguf`] and [`load`](Self::load).
     pub fn from_gguf(group: &Group, file: GgufFile, s: &Stream) -> Result<(Self, GgufWeights)> {
+        let (config, weights) = Self::gguf_weights(file, s)?;
+        Ok((Self::load(group, &weights, config, s)?, weights))
+    }
+
+    /// The configuration of a GGUF file and its tensors under Hugging Face
+    /// names, for [`load`](Self::load) (e.g. through
+    /// [`Dequantized`](crate::checkpoint::Dequantized)).
+    ///
+    /// # Errors
+    /// Those of [`LlamaConfig::from_gguf`].
+    pub fn gguf_weights(file: GgufFile, s: &Stream) -> Result<(LlamaConfig, GgufWeights)> {
         let config = LlamaConfig::from_gguf(&file, s)?;
         // llama.cpp reorders the q/k rows of `llama` models only.
         let permuted = (config.family == super::Family::Llama).then_some((
@@ -72,8 +185,7 @@ impl Llama {
             config.kv_heads,
             config.head_dim,
         ));
-        let weights = GgufWeights::new(file, permuted);
-        Ok((Self::load(group, &weights, config, s)?, weights))
+        Ok((config, GgufWeights::new(file, permuted)))
     }
 
     /// Loads this rank's part of the tensors of `dir` (Hugging Face names)
@@ -90,8 +202,7 @@ impl Llama {
     ) -> Result<Self> {
         let path = dir.path().display().to_string();
         let c = &config;
-        let embed = VocabParallelEmbedding::from_hf(group, dir, "model.embed_tokens.weight", s)?;
-        let embed_shape = embed.weight.global_shape();
+        let embed_shape = dir.shape("model.embed_tokens.weight")?;
         if embed_shape != [c.vocab_size as i32, c.hidden_size as i32] {
             return Err(Error::Model {
                 path,
@@ -125,7 +236,7 @@ impl Llama {
                         s,
                     )?,
                     post_attention_norm: norm(&format!("{p}post_attention_layernorm.weight"))?,
-                    mlp: SwiGluMlp::from_hf(
+                    mlp: Mlp::load(
                         group,
                         dir,
                         &format!("{p}mlp."),
@@ -139,13 +250,9 @@ impl Llama {
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(VocabParallelEmbedding::from_hf(
-                group,
-                dir,
-                "lm_head.weight",
-                s,
-            )?)
+            Some(Table::load(group, dir, "lm_head.weight", s)?)
         };
+        let embed = Table::load(group, dir, "model.embed_tokens.weight", s)?;
         Ok(Self {
             norm: norm("model.norm.weight")?,
             config,
@@ -213,8 +320,18 @@ impl Llama {
         self.head().logits(&self.norm.forward(&last, s)?, s)
     }
 
+    /// Whether any weight stays quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.embed.is_quantized()
+            || self.lm_head.as_ref().is_some_and(Table::is_quantized)
+            || self
+                .layers
+                .iter()
+                .any(|l| matches!(l.mlp, Mlp::Quantized(_)) || l.attention.is_quantized())
+    }
+
     /// The LM head: its own table, or the embedding when tied.
-    fn head(&self) -> &VocabParallelEmbedding {
+    fn head(&self) -> &Table {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
@@ -263,17 +380,11 @@ impl Llama {
                 norms(&l.input_norm)
                     + norms(&l.post_attention_norm)
                     + l.attention.nbytes()
-                    + [&l.mlp.gate.local(), &l.mlp.up.local(), &l.mlp.down.local()]
-                        .iter()
-                        .map(|a| a.nbytes())
-                        .sum::<usize>()
+                    + l.mlp.nbytes()
             })
             .sum();
-        let head = self
-            .lm_head
-            .as_ref()
-            .map_or(0, |h| h.weight.local().nbytes());
-        self.embed.weight.local().nbytes() + layers + norms(&self.norm) + head
+        let head = self.lm_head.as_ref().map_or(0, Table::nbytes);
+        self.embed.nbytes() + layers + norms(&self.norm) + head
     }
 }
 

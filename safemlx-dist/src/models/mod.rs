@@ -2,7 +2,8 @@
 //! one file per family, each reading like its math.
 //!
 //! - [`llama`]: Llama 2/3, Mistral, Qwen2, Qwen3 and SmolLM2, from Hugging
-//!   Face directories and GGUF files (see [`load`]).
+//!   Face directories (float or mlx-community quantized) and GGUF files
+//!   (see [`load`]); quantized weights stay quantized.
 //!
 //! Every rank loads only its part of each tensor (heads, MLP columns,
 //! vocabulary rows); the logits equal those of the whole model computed in
@@ -19,7 +20,7 @@ use safemlx::Stream;
 pub use config::{Family, LlamaConfig, RopeScaling};
 pub use llama::Llama;
 
-use crate::checkpoint::{GgufFile, HfDirectory, TensorSource};
+use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource};
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
 use crate::Group;
@@ -35,30 +36,56 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
 }
 
+/// How quantized tensors are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Weights {
+    /// As the checkpoint stores them: quantized ones (GGUF `Q8_0`, `Q4_0`,
+    /// `Q4_1`; mlx-community directories) stay quantized.
+    #[default]
+    AsStored,
+    /// Every tensor dequantized to floats (`--dequantize`), to compare.
+    Dequantized,
+}
+
+/// Loads this rank's part of the model at `path`, quantized tensors kept
+/// quantized: see [`load_with`].
+///
+/// # Errors
+/// Those of [`load_with`].
+pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
+    load_with(group, path, Weights::AsStored, s)
+}
+
 /// Loads this rank's part of the model at `path`: a Hugging Face
 /// directory (`config.json`, safetensors, `tokenizer.json`) or a `.gguf`
-/// file (tensors dequantized to `float32`).
+/// file, its quantized tensors as `weights` says.
 ///
 /// # Errors
 /// Those of the format's reader, the configuration and the tokenizer; the
 /// message names the file and what is wrong.
-pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
-    if path.is_dir() {
+pub fn load_with(group: &Group, path: &Path, weights: Weights, s: &Stream) -> Result<Loaded> {
+    let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
         let dir = HfDirectory::open(path)?;
         let tokenizer = Tokenizer::from_hf_dir(path)?;
-        let model = Llama::from_hf(group, &dir, s)?;
-        return Ok(Loaded {
-            model,
-            weights: Box::new(dir),
-            tokenizer,
-        });
-    }
-    let file = GgufFile::open(path)?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
-    let (model, weights) = Llama::from_gguf(group, file, s)?;
+        let config = LlamaConfig::from_hf(dir.config(), &path.display().to_string())?;
+        let model = match weights {
+            Weights::AsStored => Llama::load(group, &dir, config, s)?,
+            Weights::Dequantized => Llama::load(group, &Dequantized(&dir), config, s)?,
+        };
+        (model, Box::new(dir), tokenizer)
+    } else {
+        let file = GgufFile::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let (config, source) = Llama::gguf_weights(file, s)?;
+        let model = match weights {
+            Weights::AsStored => Llama::load(group, &source, config, s)?,
+            Weights::Dequantized => Llama::load(group, &Dequantized(&source), config, s)?,
+        };
+        (model, Box::new(source), tokenizer)
+    };
     Ok(Loaded {
         model,
-        weights: Box::new(weights),
+        weights: source,
         tokenizer,
     })
 }

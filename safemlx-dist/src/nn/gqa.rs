@@ -18,6 +18,7 @@ use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
 use super::kv_cache::LayerCache;
+use super::Projection;
 use crate::checkpoint::TensorSource;
 use crate::error::{Error, Result};
 use crate::typed::{chunk, Partial, Replicated, ShardedArray};
@@ -126,28 +127,30 @@ pub struct GqaConfig {
 pub struct GqaAttention {
     config: GqaConfig,
     split: HeadSplit,
-    /// `[D, q * hd]`, `[D, kv * hd]`, `[D, kv * hd]`: this rank's columns.
-    q: Array,
-    k: Array,
-    v: Array,
+    /// This rank's rows (heads) of q `[q * hd, D]`, k and v `[kv * hd, D]`.
+    q: Projection,
+    k: Projection,
+    v: Projection,
     /// `[q * hd]`, `[kv * hd]`, `[kv * hd]` when the model has them.
     biases: Option<[Array; 3]>,
     /// `[hd]` each, when the model has q/k norms.
     norms: Option<[Array; 2]>,
-    /// `[q * hd, D]`: this rank's rows of the output projection.
-    o: Array,
+    /// This rank's columns (heads) of the output projection `[D, q * hd]`.
+    o: Projection,
 }
 
 impl GqaAttention {
     /// Reads this rank's heads of the Hugging Face tensors
     /// `{prefix}{q,k,v,o}_proj.weight` (`[out, in]`), the biases and the
     /// `q_norm`/`k_norm` weights when the configuration has them: only
-    /// this rank's rows of q, k, v and its columns of o.
+    /// this rank's rows of q, k, v and its columns of o. Tensors the
+    /// checkpoint stores quantized stay quantized.
     ///
     /// # Errors
     /// A head split that cannot be (see [`HeadSplit::new`]), a missing
-    /// tensor, or a tensor whose shape disagrees with the configuration
-    /// (the message names it).
+    /// tensor, a tensor whose shape disagrees with the configuration (the
+    /// message names it), or a quantized output projection whose heads
+    /// cut its quantization groups.
     pub fn from_hf(
         group: &Group,
         dir: &dyn TensorSource,
@@ -171,15 +174,11 @@ impl GqaAttention {
                 &[d, config.heads * hd],
             ));
         }
-        let project = |part: &str, heads| -> Result<Array> {
-            Ok(dir.read_rows(&name(part), &rows(heads), s)?.transpose(s)?)
-        };
+        let project = |part: &str, heads| Projection::rows(dir, &name(part), &rows(heads), s);
         let q = project("q_proj.weight", split.query)?;
         let k = project("k_proj.weight", split.kv)?;
         let v = project("v_proj.weight", split.kv)?;
-        let o = dir
-            .read_columns(&name("o_proj.weight"), &rows(split.query), s)?
-            .transpose(s)?;
+        let o = Projection::columns(dir, &name("o_proj.weight"), &rows(split.query), s)?;
         let biases = if config.qkv_bias {
             let bias = |part: &str, heads, total| -> Result<Array> {
                 let shape = &dir.shape(&name(part))?;
@@ -220,6 +219,13 @@ impl GqaAttention {
         })
     }
 
+    /// Whether any projection stays quantized.
+    pub fn is_quantized(&self) -> bool {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .any(|p| p.is_quantized())
+    }
+
     /// The heads this rank holds.
     pub fn split(&self) -> HeadSplit {
         self.split
@@ -227,15 +233,14 @@ impl GqaAttention {
 
     /// Bytes of this rank's weights.
     pub fn nbytes(&self) -> usize {
-        let fixed = [&self.q, &self.k, &self.v, &self.o];
+        let projections = [&self.q, &self.k, &self.v, &self.o];
         let biases = self.biases.iter().flatten();
         let norms = self.norms.iter().flatten();
-        fixed
+        projections
             .into_iter()
-            .chain(biases)
-            .chain(norms)
-            .map(Array::nbytes)
-            .sum()
+            .map(Projection::nbytes)
+            .sum::<usize>()
+            + biases.chain(norms).map(Array::nbytes).sum::<usize>()
     }
 
     /// Causal self-attention of the replicated tokens `x` `[T, D]` at
@@ -259,6 +264,7 @@ impl GqaAttention {
         };
         let partial = if self.split.query.1 == 0 {
             // More ranks than query heads: this rank holds none.
+            cache.skip(t as usize);
             safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
         } else {
             self.attend(x.local(), t, cache, s)?
@@ -270,8 +276,8 @@ impl GqaAttention {
     fn attend(&self, x: &Array, t: i32, cache: &mut LayerCache, s: &Stream) -> Result<Array> {
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
-        let project = |w: &Array, bias: Option<&Array>, heads: i32| -> Result<Array> {
-            let mut y = x.matmul(w, s)?;
+        let project = |w: &Projection, bias: Option<&Array>, heads: i32| -> Result<Array> {
+            let mut y = w.apply(x, s)?;
             if let Some(b) = bias {
                 y = y.add(b, s)?;
             }
@@ -299,7 +305,7 @@ impl GqaAttention {
         let out = out
             .transpose_axes(&[0, 2, 1, 3], s)?
             .reshape(&[t, heads * hd], s)?;
-        Ok(out.matmul(&self.o, s)?)
+        self.o.apply(&out, s)
     }
 }
 

@@ -41,6 +41,13 @@ impl LayerCache {
             .sum()
     }
 
+    /// Counts `t` positions without keeping keys or values: what a rank
+    /// that holds no query head does (no query of its reads them), so that
+    /// its positions agree with the other ranks'.
+    pub fn skip(&mut self, t: usize) {
+        self.len += t;
+    }
+
     /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns every
     /// cached position's keys and values, `[1, kv_heads, len, head_dim]`.
     ///

@@ -13,7 +13,8 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
-mod quantized_linear;
+mod projection;
+mod quantized;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
@@ -24,4 +25,8 @@ pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};
 pub use norm::RmsNorm;
-pub use quantized_linear::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
+pub use projection::Projection;
+pub use quantized::{
+    QuantizedColumnParallelLinear, QuantizedRowParallelLinear, QuantizedSwiGluMlp,
+    QuantizedVocabParallelEmbedding,
+};

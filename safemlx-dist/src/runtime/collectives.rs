@@ -23,7 +23,9 @@ fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Ar
         _ => "all_reduce",
     };
     group.enter(name, input);
-    profile::timed(input, || reduce_untimed(op, input, group, stream))
+    group.in_order(input, |input| {
+        profile::timed(input, || reduce_untimed(op, input, group, stream))
+    })
 }
 
 fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
@@ -83,8 +85,10 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
     }
     validate::all_gather(input.shape(), group.size())?;
     group.enter("all_gather", input);
-    profile::timed(input, || {
-        native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+    group.in_order(input, |input| {
+        profile::timed(input, || {
+            native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+        })
     })
 }
 
@@ -109,20 +113,22 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     validate::sum_scatter(input.shape(), group.size())?;
     group.enter("sum_scatter", input);
     let stream = stream.as_ref();
-    profile::timed(input, || {
-        match lowering::sum_scatter(
-            group.lowering(),
-            group.backend(),
-            input.nbytes(),
-            group.size(),
-        ) {
-            SumScatterPlan::Native => {
-                native::unary(Unary::SumScatter, input, group.native(), stream)
+    group.in_order(input, |input| {
+        profile::timed(input, || {
+            match lowering::sum_scatter(
+                group.lowering(),
+                group.backend(),
+                input.nbytes(),
+                group.size(),
+            ) {
+                SumScatterPlan::Native => {
+                    native::unary(Unary::SumScatter, input, group.native(), stream)
+                }
+                SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
+                SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
+                SumScatterPlan::AllToAll => exchange::sum_scatter(input, group, stream),
             }
-            SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
-            SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
-            SumScatterPlan::AllToAll => exchange::sum_scatter(input, group, stream),
-        }
+        })
     })
 }
 
@@ -156,14 +162,16 @@ pub fn all_to_all_v(
         return Ok(input.clone());
     }
     group.enter("all_to_all_v", input);
-    profile::timed(input, || {
-        native::all_to_all_v(
-            input,
-            &counts.send,
-            &counts.recv,
-            group.native(),
-            stream.as_ref(),
-        )
+    group.in_order(input, |input| {
+        profile::timed(input, || {
+            native::all_to_all_v(
+                input,
+                &counts.send,
+                &counts.recv,
+                group.native(),
+                stream.as_ref(),
+            )
+        })
     })
 }
 

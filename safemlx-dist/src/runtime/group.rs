@@ -1,6 +1,6 @@
 //! Owned MLX distributed groups.
 
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::fmt;
 use std::rc::Rc;
 
@@ -27,6 +27,9 @@ pub struct Group {
     p2p: Rc<OnceCell<P2pStreams>>,
     /// Collectives entered on this group so far (shared by clones).
     entered: Rc<Cell<u64>>,
+    /// The output of the last collective, which the next one's input
+    /// depends on (see [`Group::in_order`]).
+    last: Rc<RefCell<Option<Array>>>,
 }
 
 impl Group {
@@ -45,6 +48,7 @@ impl Group {
             lowering,
             p2p: Rc::default(),
             entered: Rc::default(),
+            last: Rc::default(),
         })
     }
 
@@ -53,6 +57,31 @@ impl Group {
         let seq = self.entered.get() + 1;
         self.entered.set(seq);
         super::progress::enter(op, seq, self.size, input);
+    }
+
+    /// Runs the collective `run` on `input` made to depend on the output of
+    /// the previous collective on this group, so that every rank's graph
+    /// performs its collectives in the order the program issued them.
+    ///
+    /// Without this MLX may schedule two independent collectives in either
+    /// order: a rank whose contribution does not depend on the previous
+    /// collective (zeros from a rank with no attention head) ran the next
+    /// `all_sum` first and swapped the two sums' operands across ranks.
+    pub(crate) fn in_order(
+        &self,
+        input: &Array,
+        run: impl FnOnce(&Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let last = self.last.borrow().clone();
+        let input = match last {
+            Some(last) => safemlx::transforms::depends([input], [&last])?
+                .pop()
+                .unwrap_or_else(|| input.clone()),
+            None => input.clone(),
+        };
+        let out = run(&input)?;
+        *self.last.borrow_mut() = Some(out.clone());
+        Ok(out)
     }
 
     /// How many collectives (all_sum, all_max, all_min, all_gather,

@@ -101,6 +101,7 @@ pub fn run() -> Result<(), String> {
         PROMPT,
         "--decode-tokens",
         DECODE,
+        "--dequantize",
     ];
     for backend in ["ring", "mpi"] {
         for ranks in ["1", "2", "3"] {
