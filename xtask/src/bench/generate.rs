@@ -4,7 +4,9 @@
 //! (MLX Python, the GGUF's tensors dequantized to the same float32 values)
 //! and llama.cpp (llama-cpp-python on the GGUF itself), with one thread and
 //! with all threads. JSON lines in `target/bench/generate.jsonl`, then the
-//! table and the targets' ratios.
+//! table and the targets' ratios. Our rows run twice: with the weights
+//! dequantized to float32 (`--dequantize`, the peers' weights) and with the
+//! GGUF's quantized blocks kept quantized.
 //!
 //! The peers run from a virtual environment in the cache
 //! (`<cache>/bench-venv`, made once: llama-cpp-python compiles llama.cpp).
@@ -108,6 +110,19 @@ pub fn run() -> Result<(), String> {
             launch(&release, (ranks, backend), "bench_generate", &args, &out)?;
         }
     }
+    // The same with the GGUF's Q4_1/Q8_0 blocks kept quantized.
+    let quantized = &args[..args.len() - 1];
+    for backend in ["ring", "mpi"] {
+        for ranks in ["1", "2", "3"] {
+            launch(
+                &release,
+                (ranks, backend),
+                "bench_generate",
+                quantized,
+                &out,
+            )?;
+        }
+    }
     let python = peers_python()?;
     peers(&python, &gguf, &out)?;
     report(&finish(&out)?);
@@ -121,8 +136,21 @@ fn find<'a>(
     ranks: u64,
     threads: &str,
 ) -> Option<&'a Value> {
+    find_weights(rows, implementation, backend, ranks, threads, false)
+}
+
+/// As [`find`], among the rows whose weights stay quantized or not.
+fn find_weights<'a>(
+    rows: &'a [Value],
+    implementation: &str,
+    backend: &str,
+    ranks: u64,
+    threads: &str,
+    quantized: bool,
+) -> Option<&'a Value> {
     rows.iter().find(|r| {
-        r["impl"] == implementation
+        (r["weights"] == "quantized") == quantized
+            && r["impl"] == implementation
             && r["backend"] == backend
             && r["ranks"].as_u64() == Some(ranks)
             && (r["threads"] == threads
@@ -183,4 +211,14 @@ fn report(rows: &[Value]) {
             speed(two, "all_sum_4k_us")
         );
     }
+    let q1 = find_weights(rows, "safemlx-dist", "ring", 1, "1", true);
+    println!(
+        "target: quantized 1 rank decode vs dequantized: {:.2}x (goal >= 2x)",
+        speed(q1, "decode_tokens_per_s") / speed(ours_1, "decode_tokens_per_s")
+    );
+    let q_mpi = |n| find_weights(rows, "safemlx-dist", "mpi", n, "1", true);
+    println!(
+        "target: quantized mpi x2 decode: {:.2}x the 1-rank tokens/s (goal >= 1.3x)",
+        speed(q_mpi(2), "decode_tokens_per_s") / speed(q_mpi(1), "decode_tokens_per_s")
+    );
 }
