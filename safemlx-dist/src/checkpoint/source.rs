@@ -211,14 +211,19 @@ impl TensorSource for HfDirectory {
     }
     fn shape(&self, name: &str) -> Result<Vec<i32>> {
         let shape = self.info(name)?.shape.clone();
-        let Some((group_size, _)) = self.quantized(name) else {
+        let Some((group_size, _)) = self.quantized(name).filter(|_| shape.len() == 2) else {
+            // Not quantized, or not 2-D (then reading it is a clear error).
             return Ok(shape);
         };
         let (scales, _) = parts(name).unwrap_or_default();
         let groups = &self.info(&scales)?.shape;
         Ok(vec![
             shape[0],
-            groups.get(1).copied().unwrap_or(0) * group_size as i32,
+            groups
+                .get(1)
+                .copied()
+                .unwrap_or(0)
+                .saturating_mul(i32::try_from(group_size).unwrap_or(i32::MAX)),
         ])
     }
     fn read(&self, name: &str, s: &Stream) -> Result<Array> {

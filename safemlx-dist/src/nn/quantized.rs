@@ -53,7 +53,7 @@ impl QuantizedColumnParallelLinear {
     /// # Errors
     /// See [`GgufFile::read_quantized_rows`].
     pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
-        let outputs = file.tensor(name)?.shape[0] as usize;
+        let outputs = file.tensor(name)?.shape.first().copied().unwrap_or(0) as usize;
         let range = chunk(outputs, group.rank(), group.size());
         Ok(Self {
             weight: file.read_quantized_rows(name, &[range], s)?,
@@ -131,7 +131,7 @@ impl QuantizedRowParallelLinear {
     pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
         let shape = &file.tensor(name)?.shape;
         let (outputs, inputs) = (
-            shape[0] as usize,
+            shape.first().copied().unwrap_or(0) as usize,
             shape.get(1).copied().unwrap_or(0) as usize,
         );
         let range = input_groups(group, inputs, 32)
@@ -254,6 +254,13 @@ impl QuantizedSwiGluMlp {
                 x.global_shape()
             )));
         };
+        if d as usize != self.dim {
+            return Err(Error::Shape(format!(
+                "the MLP takes tokens [T, {}], got {:?}",
+                self.dim,
+                x.global_shape()
+            )));
+        }
         let partial = if self.hidden.1 == 0 {
             safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
         } else {
@@ -264,7 +271,6 @@ impl QuantizedSwiGluMlp {
                 .multiply(self.up.apply(x, s)?, s)?;
             self.down.apply(&hidden, s)?
         };
-        debug_assert_eq!(d as usize, self.dim);
         ShardedArray::<Partial>::from_local(partial, x.comm(), &[t, d])?.all_sum(s)
     }
 
