@@ -254,7 +254,7 @@ impl TensorSource for HfDirectory {
             pieces.push(values.try_index_device((.., skip..skip + count as i32), s)?);
         }
         if pieces.is_empty() {
-            let rows = self.shape(name)?[0];
+            let rows = self.shape(name)?.first().copied().unwrap_or(0);
             return Ok(safemlx::ops::zeros_dtype(&[rows, 0], Dtype::Float32, s)?);
         }
         Ok(safemlx::ops::concatenate_axis(&pieces, 1, s)?)

@@ -54,44 +54,16 @@ impl VocabParallelEmbedding {
     /// A token id outside the vocabulary (named with its position).
     pub fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
         let comm = self.weight.comm();
-        let vocab = self.vocab();
-        if let Some((at, id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
-            return Err(Error::Shape(format!(
-                "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
-        let (first, count) = chunk(vocab, comm.rank(), comm.size());
-        let mine = |t: u32| (first..first + count).contains(&(t as usize));
-        let rows: Vec<i32> = tokens
-            .iter()
-            .map(|&t| {
-                if mine(t) {
-                    (t as usize - first) as i32
-                } else {
-                    0
-                }
-            })
-            .collect();
-        let keep: Vec<f32> = tokens
-            .iter()
-            .map(|&t| f32::from(u8::from(mine(t))))
-            .collect();
-        let t = i32::try_from(tokens.len()).map_err(|_| Error::ShapeOverflow {
-            value: tokens.len(),
-        })?;
+        let (first, count) = chunk(self.vocab(), comm.rank(), comm.size());
+        let (rows, keep, t) = local_lookup(tokens, self.vocab(), (first, count))?;
         let d = self.weight.global_shape()[1];
         let local = if count == 0 {
             safemlx::ops::zeros_dtype(&[t, d], self.weight.local().dtype(), s)?
         } else {
-            let dtype = self.weight.local().dtype();
-            let keep = Array::from_slice(&keep, &[t, 1]).as_dtype(dtype, s)?;
+            let keep = keep.as_dtype(self.weight.local().dtype(), s)?;
             self.weight
                 .local()
-                .take_axis(Array::from_slice(&rows, &[t]), 0, s)?
+                .take_axis(&rows, 0, s)?
                 .multiply(&keep, s)?
         };
         ShardedArray::<Partial>::from_local(local, comm, &[t, d])?.all_sum(s)
@@ -111,6 +83,53 @@ impl VocabParallelEmbedding {
         let transposed: ShardedArray<Sharded<1>> = self.weight.transpose(s)?; // [D, V]
         h.matmul(&transposed, s)
     }
+}
+
+/// A vocabulary-parallel lookup of `tokens` on the rank holding rows
+/// `(first, count)` of `vocab`: each token's local row (0 for another
+/// rank's), `[T]`; a `float32` `[T, 1]` mask, 1 where the row is this
+/// rank's; and `T`.
+///
+/// # Errors
+/// A token id outside the vocabulary (named with its position), or more
+/// tokens than MLX's `i32` shapes hold.
+pub(super) fn local_lookup(
+    tokens: &[u32],
+    vocab: usize,
+    (first, count): (usize, usize),
+) -> Result<(Array, Array, i32)> {
+    if let Some((at, id)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
+        return Err(Error::Shape(format!(
+            "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
+        )));
+    }
+    let t = i32::try_from(tokens.len()).map_err(|_| Error::ShapeOverflow {
+        value: tokens.len(),
+    })?;
+    let mine = |t: u32| (first..first + count).contains(&(t as usize));
+    let rows: Vec<i32> = tokens
+        .iter()
+        .map(|&t| {
+            if mine(t) {
+                (t as usize - first) as i32
+            } else {
+                0
+            }
+        })
+        .collect();
+    let keep: Vec<f32> = tokens
+        .iter()
+        .map(|&t| f32::from(u8::from(mine(t))))
+        .collect();
+    Ok((
+        Array::from_slice(&rows, &[t]),
+        Array::from_slice(&keep, &[t, 1]),
+        t,
+    ))
 }
 
 /// The full logits of rows `rows` of vocabulary-split logits `[T, V]`, on

@@ -17,6 +17,7 @@
 
 use safemlx::{Array, Dtype, Stream};
 
+use super::embedding::local_lookup;
 use super::Projection;
 use crate::checkpoint::{GgufFile, TensorSource};
 use crate::quantized::AffineWeight;
@@ -324,40 +325,12 @@ impl QuantizedVocabParallelEmbedding {
     /// # Errors
     /// A token id outside the vocabulary (named with its position).
     pub fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
-        let vocab = self.vocab;
-        if let Some((at, id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t as usize >= vocab)
-        {
-            return Err(Error::Shape(format!(
-                "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
         let [count, d] = self.weight.shape();
-        let t = i32::try_from(tokens.len()).map_err(|_| Error::ShapeOverflow {
-            value: tokens.len(),
-        })?;
+        let (rows, keep, t) = local_lookup(tokens, self.vocab, (self.first, count))?;
         let d = d as i32;
-        let mine = |t: u32| (self.first..self.first + count).contains(&(t as usize));
         let local = if count == 0 {
             safemlx::ops::zeros_dtype(&[t, d], self.weight.scales.dtype(), s)?
         } else {
-            let rows: Vec<i32> = tokens
-                .iter()
-                .map(|&t| {
-                    if mine(t) {
-                        (t as usize - self.first) as i32
-                    } else {
-                        0
-                    }
-                })
-                .collect();
-            let keep: Vec<f32> = tokens
-                .iter()
-                .map(|&t| f32::from(u8::from(mine(t))))
-                .collect();
-            let rows = Array::from_slice(&rows, &[t]);
             let take = |a: &Array| a.take_axis(&rows, 0, s);
             let picked = AffineWeight {
                 weight: take(&self.weight.weight)?,
@@ -366,7 +339,7 @@ impl QuantizedVocabParallelEmbedding {
                 ..self.weight
             };
             let values = picked.dequantize(s)?;
-            let keep = Array::from_slice(&keep, &[t, 1]).as_dtype(values.dtype(), s)?;
+            let keep = keep.as_dtype(values.dtype(), s)?;
             values.multiply(&keep, s)?
         };
         ShardedArray::<Partial>::from_local(local, &self.comm, &[t, d])?.all_sum(s)
