@@ -109,14 +109,20 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 let dims: Vec<usize> = f.spec.dims.as_ref()?.iter().map(|d| d.0).collect();
                 let (ident, name) = (&f.ident, f.ident.to_string());
                 let static_check = generic_mesh_check(f, &dims);
-                let shape = if from_checkpoint {
-                    quote!(
+                let placement = &f.placement_ty;
+                let shape = match (from_checkpoint, f.quantized) {
+                    (true, false) => quote!(
                         &checkpoint
                             .info(&::std::format!("{}{}", prefix, #name))?
                             .shape
-                    )
-                } else {
-                    quote!(#ident.shape())
+                    ),
+                    (false, false) => quote!(#ident.shape()),
+                    (true, true) => quote!(
+                        &::safemlx_dist::typed::QuantizedArray::<#placement, #comm>::checkpoint_shape(
+                            checkpoint, &::std::format!("{}{}", prefix, #name), stream,
+                        )?.map(|d| d as i32)
+                    ),
+                    (false, true) => quote!(&#ident.shape().map(|d| d as i32)),
                 };
                 Some(quote! {
                     #static_check
@@ -126,6 +132,52 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
             .collect()
     };
     let (shape_checks, checkpoint_checks) = (dim_checks(false), dim_checks(true));
+    let mut full_types = Vec::new();
+    let (mut from_full, mut from_checkpoint) = (Vec::new(), Vec::new());
+    let (mut gather_lets, mut gathered, mut layouts) = (Vec::new(), Vec::new(), Vec::new());
+    for (((f, placement), name), segments) in
+        fields.iter().zip(&placements).zip(&names).zip(&segments)
+    {
+        let ident = &f.ident;
+        let path = quote!(::std::format!("{}{}", prefix, #name));
+        if f.quantized {
+            let q = quote!(::safemlx_dist::typed::QuantizedArray::<#placement, #comm>);
+            full_types.push(quote!(::safemlx_dist::quantized::AffineWeight));
+            from_full.push(quote!(#q::from_full(&#ident, comm, stream)?));
+            from_checkpoint.push(quote!(#q::read_checkpoint(checkpoint, &#path, comm, stream)?));
+            let parts: Vec<_> = ["weight", "scales", "biases", "quantization"]
+                .iter()
+                .map(|part| quote::format_ident!("{}_{}", ident, part))
+                .collect();
+            gather_lets.push(quote! {
+                let [#(#parts),*] = ::safemlx_dist::__private::checkpoint_tensors(self.#ident.gather_full(stream)?);
+            });
+            let stored = [
+                name.clone(),
+                format!("{name}.scales"),
+                format!("{name}.biases"),
+                format!("{name}.quantization"),
+            ];
+            gathered.extend(stored.iter().zip(&parts).map(|(n, p)| quote!((#n, #p))));
+            layouts.push(
+                quote!(::safemlx_dist::typed::FieldLayout::of_quantized(#name, &self.#ident)),
+            );
+        } else {
+            full_types.push(quote!(::safemlx::Array));
+            from_full.push(
+                quote!(::safemlx_dist::__private::shard_weight::<#placement, #comm>(
+                #ident, comm, #segments, #name, stream,
+            )?),
+            );
+            from_checkpoint.push(quote!(checkpoint.read_shard::<#placement, #comm>(
+                &#path, comm, #segments, stream,
+            )?));
+            gathered.push(quote!((#name, ::safemlx_dist::__private::gather_weight(&self.#ident, #segments, stream)?)));
+            layouts.push(
+                quote!(::safemlx_dist::typed::FieldLayout::of(#name, #segments, &self.#ident)),
+            );
+        }
+    }
     let docs_from = format!(
         "Builds `{name}` on this rank from full (unsharded) weights: each rank keeps exactly its part of each (fields: {}). No communication.",
         names.join(", ")
@@ -146,14 +198,12 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
             #[allow(clippy::too_many_arguments)]
             pub fn from_full(
                 comm: &#comm,
-                #(#idents: ::safemlx::Array,)*
+                #(#idents: #full_types,)*
                 stream: &::safemlx::Stream,
             ) -> ::safemlx_dist::Result<Self> {
                 #(#shape_checks)*
                 Ok(Self {
-                    #(#idents: ::safemlx_dist::__private::shard_weight::<#placements, #comm>(
-                        #idents, comm, #segments, #names, stream,
-                    )?,)*
+                    #(#idents: #from_full,)*
                 })
             }
 
@@ -170,9 +220,7 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
             ) -> ::safemlx_dist::Result<Self> {
                 #(#checkpoint_checks)*
                 Ok(Self {
-                    #(#idents: checkpoint.read_shard::<#placements, #comm>(
-                        &::std::format!("{}{}", prefix, #names), comm, #segments, stream,
-                    )?,)*
+                    #(#idents: #from_checkpoint,)*
                 })
             }
 
@@ -183,15 +231,16 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 &self,
                 stream: &::safemlx::Stream,
             ) -> ::safemlx_dist::Result<::std::vec::Vec<(&'static str, ::safemlx::Array)>> {
+                #(#gather_lets)*
                 Ok(::std::vec![
-                    #((#names, ::safemlx_dist::__private::gather_weight(&self.#idents, #segments, stream)?),)*
+                    #(#gathered,)*
                 ])
             }
 
             /// Each field's name, placement, segments, global and local shape.
             pub fn layout(&self) -> ::std::vec::Vec<::safemlx_dist::typed::FieldLayout> {
                 ::std::vec![
-                    #(::safemlx_dist::typed::FieldLayout::of(#names, #segments, &self.#idents),)*
+                    #(#layouts,)*
                 ]
             }
         }

@@ -13,6 +13,8 @@ pub struct ShardField {
     pub placement_ty: Type,
     /// The group type: the field type's second argument, or `Group`.
     pub comm_ty: Option<Type>,
+    /// A `QuantizedArray` field (a quantized `[out, in]` weight).
+    pub quantized: bool,
 }
 
 /// The last path segment of `ty` and its first generic argument when that
@@ -49,11 +51,13 @@ fn placement_of(ty: &Type) -> Option<Placement> {
     }
 }
 
-/// `ShardedArray<P>` or `ShardedArray<P, C>` -> `(P, Some(C))`.
-fn sharded_array_args(ty: &Type) -> Option<(Type, Option<Type>)> {
+/// `ShardedArray<P>` or `ShardedArray<P, C>` -> `(P, Some(C), false)`;
+/// the same for `QuantizedArray`, with `true`.
+fn sharded_array_args(ty: &Type) -> Option<(Type, Option<Type>, bool)> {
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
-    if last.ident != "ShardedArray" {
+    let quantized = last.ident == "QuantizedArray";
+    if last.ident != "ShardedArray" && !quantized {
         return None;
     }
     let PathArguments::AngleBracketed(args) = &last.arguments else {
@@ -64,7 +68,7 @@ fn sharded_array_args(ty: &Type) -> Option<(Type, Option<Type>)> {
         _ => None,
     });
     let placement = types.next()?;
-    Some((placement, types.next()))
+    Some((placement, types.next(), quantized))
 }
 
 pub fn placement_name(p: &Placement) -> String {
@@ -72,6 +76,26 @@ pub fn placement_name(p: &Placement) -> String {
         Placement::Replicated => "Replicated".into(),
         Placement::Sharded(a) => format!("Sharded<{a}>"),
         Placement::Partial => "Partial".into(),
+    }
+}
+
+/// What a quantized field's attribute may not say: a quantized weight is
+/// `[out, in]`, sharded whole (no fused segments).
+fn quantized_field_error(ident: &syn::Ident, spec: &FieldSpec) -> Option<String> {
+    if let Placement::Sharded(axis) = spec.placement {
+        if axis > 1 {
+            return Some(format!("field `{ident}` is a quantized `[out, in]` weight: it is `Replicated`, `Sharded<0>` (outputs) or `Sharded<1>` (inputs), not `Sharded<{axis}>`"));
+        }
+    }
+    if spec.segments.is_some_and(|s| s.0 != 1) {
+        return Some(format!("field `{ident}` is a quantized weight: `segments` (fused blocks) applies to `ShardedArray` fields only"));
+    }
+    match &spec.dims {
+        Some(dims) if dims.len() != 2 => Some(format!(
+            "field `{ident}` is a quantized `[out, in]` weight: its `dims` has 2 entries, not {}",
+            dims.len()
+        )),
+        _ => None,
     }
 }
 
@@ -119,10 +143,10 @@ pub fn struct_fields(item: &mut ItemStruct) -> syn::Result<Vec<ShardField>> {
                 continue;
             }
         };
-        let Some((placement_ty, comm_ty)) = sharded_array_args(&field.ty) else {
+        let Some((placement_ty, comm_ty, quantized)) = sharded_array_args(&field.ty) else {
             push(syn::Error::new_spanned(
                 &field.ty,
-                format!("a #[shard] field must be a `ShardedArray<P>` (or `ShardedArray<P, C>`); field `{ident}` is not"),
+                format!("a #[shard] field must be a `ShardedArray<P>` or a `QuantizedArray<P>` (or with a group type `C`); field `{ident}` is not"),
             ));
             continue;
         };
@@ -136,6 +160,12 @@ pub fn struct_fields(item: &mut ItemStruct) -> syn::Result<Vec<ShardField>> {
                 ),
             ));
             continue;
+        }
+        if quantized {
+            if let Some(message) = quantized_field_error(&ident, &spec) {
+                push(syn::Error::new_spanned(&field.ty, message));
+                continue;
+            }
         }
         if let (Some(dims), Placement::Sharded(axis)) = (&spec.dims, &spec.placement) {
             if *axis >= dims.len() {
@@ -179,6 +209,7 @@ pub fn struct_fields(item: &mut ItemStruct) -> syn::Result<Vec<ShardField>> {
             spec,
             placement_ty,
             comm_ty,
+            quantized,
         });
     }
     let first_comm = fields.first().map(|f| f.comm_ty.clone());

@@ -42,7 +42,9 @@ mod book;
 /// What `#[sharded]` expands to calls; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::typed::{check_weight_dims, gather_weight, shard_weight, Dim, Dims};
+    pub use crate::typed::{
+        check_weight_dims, checkpoint_tensors, gather_weight, shard_weight, Dim, Dims,
+    };
 }
 
 /// Declares a layer's weight layout; see the book's "#[sharded]" chapter.
@@ -54,4 +56,6 @@ pub use runtime::{
     send, sum_scatter, Backend, CollectiveProfile, CollectiveTime, Group, Lowering,
     DEFAULT_TIMEOUT, LOWERING_ENV, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT,
 };
-pub use typed::{Collective, Mesh, Partial, Placement, Ragged, Replicated, Sharded, ShardedArray};
+pub use typed::{
+    Collective, Mesh, Partial, Placement, QuantizedArray, Ragged, Replicated, Sharded, ShardedArray,
+};

@@ -2,17 +2,18 @@
 //! layout (the `gguf` package's dequantized values, goldens made by
 //! `tests/golden/make_gguf_goldens.py`), and quantized column- and
 //! row-parallel layers at 1, 2, 3 and 4 ranks equal one process's
-//! `quantized_matmul` of the same quantized weights.
+//! `quantized_matmul` of the same quantized weights, also as `QuantizedArray`
+//! fields of `#[sharded]` structs (gathered, saved and read back).
 
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::{Checkpoint, GgufFile};
+use safemlx_dist::checkpoint::{Checkpoint, GgufFile, TensorSource};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
 use safemlx_dist::quantized::AffineWeight;
 use safemlx_dist::typed::ShardedArray;
-use safemlx_dist::{Backend, Group};
+use safemlx_dist::{sharded, Backend, Group, QuantizedArray, Replicated, Sharded};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error, random};
 use safemlx_dist_tests::typed::Rng;
@@ -117,11 +118,14 @@ fn quantized_mlp(group: &Group) {
         let full = weights(dims, quant, &s);
         let x = random(&mut Rng::new(5), &[7, dims.0], 0.1);
         let want = one_process(&x, &full, &s);
-        let gate = QuantizedColumnParallelLinear::from_full(group, &full[0], &s).unwrap();
-        let up = QuantizedColumnParallelLinear::from_full(group, &full[1], &s).unwrap();
-        let down = QuantizedRowParallelLinear::from_full(group, &full[2], &s).unwrap();
+        let gate = QuantizedColumnParallelLinear::from_full(group, full[0].clone(), &s).unwrap();
+        let up = QuantizedColumnParallelLinear::from_full(group, full[1].clone(), &s).unwrap();
+        let down = QuantizedRowParallelLinear::from_weight(group, &full[2], &s).unwrap();
         // Each rank holds about 1/n of the quantized bytes, never floats.
-        let held = gate.weight.nbytes() + up.weight.nbytes() + down.weight.nbytes();
+        let held = [gate.weight.local(), up.weight.local(), down.weight.local()]
+            .map(AffineWeight::nbytes)
+            .iter()
+            .sum::<usize>();
         let total: usize = full.iter().map(AffineWeight::nbytes).sum();
         assert!(
             held <= total.div_ceil(group.size()) + 64,
@@ -149,7 +153,7 @@ fn quantized_mlp(group: &Group) {
     let w = AffineWeight::quantize(&random(&mut Rng::new(3), &[100, 64], 0.05), 32, 4, &s).unwrap();
     let x = random(&mut Rng::new(4), &[5, 64], 0.1);
     let want = host(&w.matmul_t(&x, &s).unwrap(), &s);
-    let layer = QuantizedColumnParallelLinear::from_full(group, &w, &s).unwrap();
+    let layer = QuantizedColumnParallelLinear::from_full(group, w.clone(), &s).unwrap();
     let y = layer
         .forward(&ShardedArray::replicated(x, group), &s)
         .unwrap()
@@ -219,4 +223,208 @@ fn gguf_quantized_layers_read_their_part_at_one_to_three_ranks() {
             .run_test(gguf_layers)
             .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
     }
+}
+
+/// A `#[sharded]` layer whose weights stay quantized: the up projection
+/// split by outputs, the down projection by input groups, beside a float
+/// field.
+#[sharded]
+struct TypedQuantizedMlp {
+    #[shard(Sharded<0>, dims = [384, 64])]
+    up: QuantizedArray<Sharded<0>>,
+    #[shard(Sharded<1>)]
+    down: QuantizedArray<Sharded<1>>,
+    #[shard(Replicated)]
+    scale: ShardedArray<Replicated>,
+}
+
+impl TypedQuantizedMlp {
+    /// `(silu(x upᵀ) downᵀ) * scale`, one `all_sum`.
+    fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> safemlx_dist::Result<ShardedArray<Replicated>> {
+        x.quantized_matmul(&self.up, s)?
+            .silu(s)?
+            .quantized_matmul(&self.down, s)?
+            .all_sum(s)?
+            .mul(&self.scale, s)
+    }
+}
+
+/// Asserts that two quantized weights hold the same values, naming the
+/// first array that differs (not printing them).
+fn assert_same(a: &AffineWeight, b: &AffineWeight, what: &str, s: &Stream) {
+    let u32s = |a: &safemlx::Array| {
+        // Row-contiguous first: `try_to_vec` reads storage order.
+        let a = a.contiguous(false, s).unwrap().into_evaluated().unwrap();
+        a.try_to_vec::<u32>().unwrap()
+    };
+    assert_eq!(
+        (a.shape(), a.group_size, a.bits),
+        (b.shape(), b.group_size, b.bits),
+        "{what}"
+    );
+    assert!(
+        u32s(&a.weight) == u32s(&b.weight),
+        "{what}: packed values differ"
+    );
+    assert!(
+        host(&a.scales, s) == host(&b.scales, s),
+        "{what}: scales differ"
+    );
+    assert!(
+        host(&a.biases, s) == host(&b.biases, s),
+        "{what}: biases differ"
+    );
+}
+
+fn typed_quantized(group: &Group) {
+    let s = cpu();
+    let (n, rank) = (group.size(), group.rank());
+    let mut rng = Rng::new(21);
+    let up = AffineWeight::quantize(&random(&mut rng, &[384, 64], 0.05), 32, 4, &s).unwrap();
+    let down = AffineWeight::quantize(&random(&mut rng, &[64, 384], 0.05), 32, 8, &s).unwrap();
+    let scale = random(&mut rng, &[64], 1.0);
+    let x = random(&mut rng, &[5, 64], 0.1);
+    // One process, the same quantized weights.
+    let h = up.matmul_t(&x, &s).unwrap();
+    let h = h
+        .multiply(safemlx::ops::sigmoid(&h, &s).unwrap(), &s)
+        .unwrap();
+    let want = down.matmul_t(&h, &s).unwrap().multiply(&scale, &s).unwrap();
+    let want = host(&want, &s);
+
+    let mlp = TypedQuantizedMlp::from_full(group, up.clone(), down.clone(), scale.clone(), &s)
+        .expect("shard the quantized MLP");
+    let layout = mlp.layout();
+    assert_eq!(layout[0].placement, "Quantized Sharded<0>");
+    assert_eq!(layout[0].global_shape, [384, 64]);
+    assert_eq!(layout[0].local_shape, [384 / n as i32, 64]);
+    // 384 inputs in groups of 32: 12 groups, by the chunk rule over groups.
+    let groups = safemlx_dist::typed::chunk(12, rank, n).1 as i32;
+    assert_eq!(layout[1].local_shape, [64, groups * 32]);
+    let y = mlp
+        .forward(&ShardedArray::replicated(x.clone(), group), &s)
+        .expect("forward");
+    let err = max_relative_error(&host(y.local(), &s), &want);
+    assert!(err <= 1e-4, "rank {rank} of {n}: relative error {err}");
+
+    // Gathered back: the very quantized tensors, and a checkpoint of them
+    // reads back into the same parts, each rank reading only its own.
+    let tensors = mlp.gather_full(&s).expect("gather");
+    let names: Vec<&str> = tensors.iter().map(|t| t.0).collect();
+    assert_eq!(
+        names,
+        [
+            "up",
+            "up.scales",
+            "up.biases",
+            "up.quantization",
+            "down",
+            "down.scales",
+            "down.biases",
+            "down.quantization",
+            "scale"
+        ]
+    );
+    assert_same(&mlp.up.gather_full(&s).unwrap(), &up, "gathered up", &s);
+    assert_same(
+        &mlp.down.gather_full(&s).unwrap(),
+        &down,
+        "gathered down",
+        &s,
+    );
+    let path = std::env::temp_dir().join(format!(
+        "typed-quantized-{}-{rank}-of-{n}.safetensors",
+        std::process::id()
+    ));
+    safemlx_dist::checkpoint::save(&path, &tensors, &s).expect("save");
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    let read = TypedQuantizedMlp::from_checkpoint(group, &checkpoint, "", &s).expect("read back");
+    let bytes = checkpoint.bytes_read() as usize;
+    std::fs::remove_file(&path).ok();
+    assert_same(read.up.local(), mlp.up.local(), "up read back", &s);
+    assert_same(read.down.local(), mlp.down.local(), "down read back", &s);
+    let total = up.nbytes() + down.nbytes() + 64 * 4 + 2 * 8;
+    if n > 1 {
+        assert!(bytes < total * 3 / 4, "read {bytes} of {total} bytes");
+    }
+    let y = read
+        .forward(&ShardedArray::replicated(x, group), &s)
+        .unwrap();
+    assert!(max_relative_error(&host(y.local(), &s), &want) <= 1e-4);
+
+    // Uneven group splits: 3 groups of 32 over 2 ranks are 2 + 1, over 4
+    // ranks 1 + 1 + 1 + 0, and gather back whole.
+    let w = AffineWeight::quantize(&random(&mut rng, &[8, 96], 0.05), 32, 4, &s).unwrap();
+    let split = QuantizedArray::<Sharded<1>>::from_full(&w, group, &s).unwrap();
+    let groups = safemlx_dist::typed::chunk(3, rank, n).1;
+    assert_eq!(split.local().shape(), [8, groups * 32]);
+    assert_same(
+        &split.gather_full(&s).unwrap(),
+        &w,
+        "uneven groups gathered",
+        &s,
+    );
+    // Its dequantized part is that part of the dequantized whole.
+    let first = safemlx_dist::typed::chunk(3, rank, n).0 * 32;
+    let whole = host(&w.dequantize(&s).unwrap(), &s);
+    let part: Vec<f32> = (0..8)
+        .flat_map(|r| whole[r * 96 + first..r * 96 + first + groups * 32].to_vec())
+        .collect();
+    assert_eq!(host(&split.local().dequantize(&s).unwrap(), &s), part);
+    // An activation split by elements (48 + 48) does not meet 64 + 32.
+    if n == 2 {
+        let h = ShardedArray::replicated(random(&mut rng, &[2, 96], 0.1), group)
+            .shard::<1>(&s)
+            .unwrap();
+        let error = h
+            .quantized_matmul(&split, &s)
+            .expect_err("48 is not 64 or 32");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "quantized matmul on rank {rank} of 2: x (Sharded<1>) holds 48 of the 96 inputs but the weight (Sharded<1>) holds {} ({} of 3 groups of 32); a Sharded<1> x splits its columns by elements and the weight by groups, which agree only when every chunk is whole groups (e.g. 96 a multiple of 32 times the ranks)",
+                groups * 32,
+                groups
+            )
+        );
+    }
+}
+
+#[test]
+fn quantized_weights_in_sharded_structs_at_one_to_four_ranks() {
+    for n in 1..=4 {
+        Ranks::new(n)
+            .backend(Backend::Ring)
+            .run_test(typed_quantized)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+}
+
+/// An mlx-community tensor read as a typed quantized weight: each rank
+/// reads its groups, which dequantize to its columns of the float tensor.
+#[test]
+fn quantized_array_reads_its_part_of_an_mlx_community_directory() {
+    Ranks::new(3)
+        .backend(Backend::Ring)
+        .run_test(|group| {
+            let s = cpu();
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/quantized/llama-tied-q4");
+            let source = safemlx_dist::checkpoint::HfDirectory::open(&dir).unwrap();
+            let name = "model.layers.0.mlp.down_proj.weight";
+            let down = QuantizedArray::<Sharded<1>>::read(&source, name, group, &s).unwrap();
+            let [rows, columns] = down.global_shape();
+            let (first, count) = safemlx_dist::typed::chunk(columns / 32, group.rank(), 3);
+            assert_eq!(down.local().shape(), [rows, count * 32]);
+            let want =
+                TensorSource::read_columns(&source, name, &[(first * 32, count * 32)], &s).unwrap();
+            assert_eq!(
+                host(&down.local().dequantize(&s).unwrap(), &s),
+                host(&want, &s)
+            );
+        })
+        .unwrap();
 }

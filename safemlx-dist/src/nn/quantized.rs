@@ -7,9 +7,10 @@
 //! on quantization-group boundaries:
 //!
 //! - [`QuantizedColumnParallelLinear`] and [`QuantizedRowParallelLinear`]
-//!   compose through the typed layer's `Sharded<1>`, whose chunk rule
-//!   counts elements: it has to give every rank whole groups, or the
-//!   row-parallel layer is an error naming the shapes and the group size;
+//!   are `#[sharded]` structs of one [`QuantizedArray`] each, composing
+//!   through the typed layer's `Sharded<1>`, whose chunk rule counts
+//!   elements: it has to give every rank whole groups, or the row-parallel
+//!   layer is an error naming the shapes and the group size;
 //! - [`QuantizedSwiGluMlp`] splits its hidden dimension by the chunk rule
 //!   applied to groups (3 groups over 2 ranks are 2 + 1), which always
 //!   gives whole groups;
@@ -21,44 +22,32 @@ use super::embedding::local_lookup;
 use super::Projection;
 use crate::checkpoint::{GgufFile, TensorSource};
 use crate::quantized::AffineWeight;
-use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
-use crate::{Error, Group, Result};
+use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
+use crate::{sharded, Error, Group, Result};
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
 /// `r` computes its chunk of the `H` outputs. No communication; the output
 /// is `Sharded<1>`.
+#[sharded]
 #[derive(Debug)]
 pub struct QuantizedColumnParallelLinear {
     /// This rank's rows of `W`.
-    pub weight: AffineWeight,
-    outputs: usize,
+    #[shard(Sharded<0>)]
+    pub weight: QuantizedArray<Sharded<0>>,
 }
 
 impl QuantizedColumnParallelLinear {
-    /// This rank's rows of the full quantized `weight` `[H, D]`.
-    ///
-    /// # Errors
-    /// An MLX error.
-    pub fn from_full(group: &Group, weight: &AffineWeight, s: &Stream) -> Result<Self> {
-        let outputs = weight.shape()[0];
-        let (first, count) = chunk(outputs, group.rank(), group.size());
-        Ok(Self {
-            weight: weight.rows(first, count, s)?,
-            outputs,
-        })
-    }
-
     /// This rank's rows of the quantized tensor `name` of a GGUF file (only
     /// those bytes are read).
     ///
     /// # Errors
     /// See [`GgufFile::read_quantized_rows`].
     pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
-        let outputs = file.tensor(name)?.shape.first().copied().unwrap_or(0) as usize;
-        let range = chunk(outputs, group.rank(), group.size());
+        let shape = gguf_shape(file, name)?;
+        let range = chunk(shape[0], group.rank(), group.size());
+        let local = file.read_quantized_rows(name, &[range], s)?;
         Ok(Self {
-            weight: file.read_quantized_rows(name, &[range], s)?,
-            outputs,
+            weight: QuantizedArray::from_local(local, group, shape)?,
         })
     }
 
@@ -71,28 +60,35 @@ impl QuantizedColumnParallelLinear {
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
-        let local = self.weight.matmul_t(x.local(), s)?;
-        let mut global = x.global_shape().to_vec();
-        if let Some(last) = global.last_mut() {
-            *last = self.outputs as i32;
-        }
-        ShardedArray::from_local(local, x.comm(), &global)
+        x.quantized_matmul(&self.weight, s)
     }
 }
 
 /// `y = h Wᵀ` with a quantized `W` `[D, H]` split by columns (inputs), in
 /// whole groups: each rank multiplies its chunk of `h`'s `H` columns, a
 /// partial sum that one `all_sum` reduces.
+#[sharded]
 #[derive(Debug)]
 pub struct QuantizedRowParallelLinear {
     /// This rank's groups of every row of `W`.
-    pub weight: AffineWeight,
-    outputs: usize,
+    #[shard(Sharded<1>)]
+    pub weight: QuantizedArray<Sharded<1>>,
 }
 
-/// This rank's groups `(first, count)` of `inputs` columns in groups of
-/// `group_size`, when the chunk rule gives every rank whole groups.
-fn input_groups(group: &Group, inputs: usize, group_size: usize) -> Result<(usize, usize)> {
+/// `[rows, columns]` of GGUF tensor `name` (a 2-D weight).
+fn gguf_shape(file: &GgufFile, name: &str) -> Result<[usize; 2]> {
+    match file.tensor(name)?.shape.as_slice() {
+        &[rows, columns] => Ok([rows as usize, columns as usize]),
+        other => Err(Error::Shape(format!(
+            "GGUF tensor `{name}` has shape {other:?}; a linear layer's weight is 2-D"
+        ))),
+    }
+}
+
+/// Checks that `h`'s chunks of `inputs` columns (the chunk rule over
+/// elements) are whole groups of `group_size` on every rank, so that they
+/// meet the weight's chunk of groups.
+fn check_whole_groups(group: &Group, inputs: usize, group_size: usize) -> Result<()> {
     let n = group.size();
     for rank in 0..n {
         let (first, count) = chunk(inputs, rank, n);
@@ -104,23 +100,20 @@ fn input_groups(group: &Group, inputs: usize, group_size: usize) -> Result<(usiz
             )));
         }
     }
-    let (first, count) = chunk(inputs, group.rank(), n);
-    Ok((first / group_size, count / group_size))
+    Ok(())
 }
 
 impl QuantizedRowParallelLinear {
-    /// This rank's groups of the full quantized `weight` `[D, H]`.
+    /// This rank's groups of the full quantized `weight` `[D, H]`, checked
+    /// to meet the `Sharded<1>` input `h` (whose columns are chunked by
+    /// elements) on every rank.
     ///
     /// # Errors
     /// A split that would cut a group (the message names the shapes and
     /// the group size), or an MLX error.
-    pub fn from_full(group: &Group, weight: &AffineWeight, s: &Stream) -> Result<Self> {
-        let [outputs, inputs] = weight.shape();
-        let (first, count) = input_groups(group, inputs, weight.group_size)?;
-        Ok(Self {
-            weight: weight.groups(first, count, s)?,
-            outputs,
-        })
+    pub fn from_weight(group: &Group, weight: &AffineWeight, s: &Stream) -> Result<Self> {
+        check_whole_groups(group, weight.shape()[1], weight.group_size)?;
+        Self::from_full(group, weight.clone(), s)
     }
 
     /// This rank's groups of the quantized tensor `name` of a GGUF file
@@ -130,16 +123,13 @@ impl QuantizedRowParallelLinear {
     /// A split that would cut a group, or see
     /// [`GgufFile::read_quantized_groups`].
     pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
-        let shape = &file.tensor(name)?.shape;
-        let (outputs, inputs) = (
-            shape.first().copied().unwrap_or(0) as usize,
-            shape.get(1).copied().unwrap_or(0) as usize,
-        );
-        let range = input_groups(group, inputs, 32)
+        let shape = gguf_shape(file, name)?;
+        check_whole_groups(group, shape[1], 32)
             .map_err(|e| Error::Shape(format!("GGUF tensor `{name}`: {e}")))?;
+        let range = chunk(shape[1] / 32, group.rank(), group.size());
+        let local = file.read_quantized_groups(name, &[range], s)?;
         Ok(Self {
-            weight: file.read_quantized_groups(name, &[range], s)?,
-            outputs,
+            weight: QuantizedArray::from_local(local, group, shape)?,
         })
     }
 
@@ -152,12 +142,7 @@ impl QuantizedRowParallelLinear {
         h: &ShardedArray<Sharded<1>>,
         s: &Stream,
     ) -> Result<ShardedArray<Partial>> {
-        let local = self.weight.matmul_t(h.local(), s)?;
-        let mut global = h.global_shape().to_vec();
-        if let Some(last) = global.last_mut() {
-            *last = self.outputs as i32;
-        }
-        ShardedArray::from_local(local, h.comm(), &global)
+        h.quantized_matmul(&self.weight, s)
     }
 
     /// `h Wᵀ` on every rank. Cost: one `all_sum` of `[T, D]`.

@@ -10,6 +10,7 @@ pub(crate) mod collective;
 mod mesh;
 mod ops;
 mod placement;
+mod quantized;
 mod redistribute;
 mod routing;
 mod sharded;
@@ -21,6 +22,7 @@ pub use ops::{MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong,
 pub use placement::{
     chunk, chunk_lengths, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
 };
+pub use quantized::{checkpoint_tensors, QuantizedArray, QuantizedMatmulRule, QuantizedPlacement};
 pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};
 pub use sharded::ShardedArray;

@@ -1,5 +1,5 @@
 // A layer struct: every form of #[shard] the grammar accepts.
-use safemlx_dist::{sharded, Mesh, Replicated, Sharded, ShardedArray};
+use safemlx_dist::{sharded, Mesh, QuantizedArray, Replicated, Sharded, ShardedArray};
 
 #[sharded]
 struct Attention {
@@ -23,7 +23,18 @@ struct OnFour {
     down: ShardedArray<Sharded<0>, Mesh<4>>,
 }
 
+#[sharded]
+struct QuantizedMlp {
+    #[shard(Sharded<0>, dims = [256, 64])]
+    up: QuantizedArray<Sharded<0>>,
+    #[shard(Sharded<1>)]
+    down: QuantizedArray<Sharded<1>>,
+    #[shard(Replicated)]
+    table: QuantizedArray<Replicated>,
+}
+
 fn main() {
     let _ = (Attention::from_full, Attention::gather_full, Attention::layout);
     let _ = (Static::<2>::from_full, OnFour::from_full);
+    let _ = (QuantizedMlp::from_checkpoint, QuantizedMlp::gather_full);
 }

@@ -1,0 +1,411 @@
+//! `QuantizedArray<P, C>`: a quantized `[out, in]` weight laid out across
+//! the ranks of `C`, for `#[sharded]` layer structs.
+//!
+//! The weight stays in MLX's affine form ([`AffineWeight`]: packed `uint32`
+//! values, scales, biases) from the file to the matmul. Its placements:
+//!
+//! | placement    | rank `r` holds                                   | split by       |
+//! |--------------|--------------------------------------------------|----------------|
+//! | `Replicated` | the whole weight                                 | -              |
+//! | `Sharded<0>` | its chunk of the rows (outputs)                  | the chunk rule over rows |
+//! | `Sharded<1>` | its chunk of every row's groups (inputs)         | the chunk rule over groups |
+//!
+//! Splitting the inputs by groups always gives whole groups (3 groups over
+//! 2 ranks are 2 + 1); no other placement exists for a quantized weight,
+//! and `QuantizedArray<Partial>` does not compile.
+
+use safemlx::{Array, Dtype, Stream};
+
+use super::ops::NoRule;
+use super::placement::{chunk, chunk_lengths, Partial, Placement, Replicated, Sharded};
+use super::sharded::ShardedArray;
+use super::weights::FieldLayout;
+use super::Collective;
+use crate::checkpoint::{Checkpoint, TensorSource};
+use crate::error::{Error, Result};
+use crate::quantized::AffineWeight;
+use crate::Group;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Replicated {}
+    impl Sealed for super::Sharded<0> {}
+    impl Sealed for super::Sharded<1> {}
+}
+
+/// The placements a quantized `[out, in]` weight can have.
+#[diagnostic::on_unimplemented(
+    message = "a quantized weight cannot be `{Self}`",
+    label = "not a placement of a quantized weight",
+    note = "a quantized `[out, in]` weight is `Replicated`, `Sharded<0>` (rows: outputs) or `Sharded<1>` (inputs, in whole groups)"
+)]
+pub trait QuantizedPlacement: Placement + sealed::Sealed {}
+impl QuantizedPlacement for Replicated {}
+impl QuantizedPlacement for Sharded<0> {}
+impl QuantizedPlacement for Sharded<1> {}
+
+/// The placement of `Self` (x) times `Wᵀ` for a quantized `W` placed `Q`
+/// ([`ShardedArray::quantized_matmul`]).
+#[diagnostic::on_unimplemented(
+    message = "no quantized matmul rule for `{Self}` x a `{Q}` quantized weight",
+    label = "`{Self}` times a `{Q}` weight (transposed) has no placement",
+    note = "the rules (x times W transposed, W [out, in]): Replicated x Sharded<0> (column parallel) -> Sharded<1>; Sharded<1> x Sharded<1> (row parallel) -> Partial; Replicated x Replicated -> Replicated; Sharded<0> x Replicated -> Sharded<0>; Partial x Replicated -> Partial",
+    note = "a weight split by inputs (`Sharded<1>`) takes x split by columns: `.shard::<1>()` it first"
+)]
+pub trait QuantizedMatmulRule<Q>: Placement {
+    /// The result's placement.
+    type Output: Placement;
+}
+
+impl<P: Placement> QuantizedMatmulRule<NoRule> for P {
+    type Output = P;
+}
+
+macro_rules! quantized_matmul_rules {
+    ($($x:ty, $w:ty => $out:ty;)*) => {$(
+        impl QuantizedMatmulRule<$w> for $x {
+            type Output = $out;
+        }
+    )*};
+}
+
+quantized_matmul_rules! {
+    Replicated, Replicated => Replicated;
+    Replicated, Sharded<0> => Sharded<1>;
+    Sharded<1>, Sharded<1> => Partial;
+    Sharded<0>, Replicated => Sharded<0>;
+    Partial, Replicated => Partial;
+}
+
+/// A quantized `[out, in]` weight (see the module docs): this rank's part,
+/// the group, the logical shape, group size and bits.
+#[derive(Debug, Clone)]
+pub struct QuantizedArray<P: QuantizedPlacement, C: Collective = Group> {
+    local: AffineWeight,
+    comm: C,
+    global: [usize; 2],
+    _placement: std::marker::PhantomData<P>,
+}
+
+/// What rank `rank` of `n` keeps of a `[rows, columns]` weight in groups
+/// of `group_size` under `P`: `(first, count)` of the rows, or of every
+/// row's groups; `None` for all of it.
+fn part<P: Placement>(
+    [rows, columns]: [usize; 2],
+    group_size: usize,
+    (rank, n): (usize, usize),
+) -> Option<(usize, usize)> {
+    match P::AXIS {
+        Some(0) => Some(chunk(rows, rank, n)),
+        Some(_) => Some(chunk(columns / group_size, rank, n)),
+        None => None,
+    }
+}
+
+impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
+    /// Wraps this rank's part `local` of a quantized weight of logical
+    /// shape `global` (`[rows, columns]`).
+    ///
+    /// # Errors
+    /// `local` is not what this rank holds under `P` (both shapes and the
+    /// group size named), or `columns` is not whole groups.
+    pub fn from_local(local: AffineWeight, comm: &C, global: [usize; 2]) -> Result<Self> {
+        let g = local.group_size;
+        if global[1] % g != 0 {
+            return Err(Error::Shape(format!(
+                "a quantized weight of shape {global:?} in groups of {g}: its {} columns are not whole groups",
+                global[1]
+            )));
+        }
+        let expected = match part::<P>(global, g, (comm.rank(), comm.size())) {
+            Some((_, count)) if P::AXIS == Some(0) => [count, global[1]],
+            Some((_, groups)) => [global[0], groups * g],
+            None => global,
+        };
+        if local.shape() != expected {
+            return Err(Error::Shape(format!(
+                "rank {} of {} holds {expected:?} of a {} quantized weight of shape {global:?} in groups of {g}, but its part has shape {:?}",
+                comm.rank(),
+                comm.size(),
+                P::name(),
+                local.shape()
+            )));
+        }
+        Ok(Self {
+            local,
+            comm: comm.clone(),
+            global,
+            _placement: std::marker::PhantomData,
+        })
+    }
+
+    /// This rank's part of the full quantized weight `full`. No
+    /// communication.
+    ///
+    /// # Errors
+    /// An MLX error.
+    pub fn from_full(full: &AffineWeight, comm: &C, s: &Stream) -> Result<Self> {
+        let global = full.shape();
+        let local = match part::<P>(global, full.group_size, (comm.rank(), comm.size())) {
+            Some((first, count)) if P::AXIS == Some(0) => full.rows(first, count, s)?,
+            Some((first, count)) => full.groups(first, count, s)?,
+            None => full.clone(),
+        };
+        Self::from_local(local, comm, global)
+    }
+
+    /// This rank's part of the quantized tensor `name` of a Hugging Face
+    /// directory or a GGUF file (HF names, e.g.
+    /// `model.layers.0.mlp.down_proj.weight`): only its rows or groups are
+    /// read.
+    ///
+    /// # Errors
+    /// A tensor that is missing or not stored quantized, or a failed read.
+    pub fn read(source: &dyn TensorSource, name: &str, comm: &C, s: &Stream) -> Result<Self> {
+        let shape = source.shape(name)?;
+        let Some((group_size, _)) = source.quantization(name) else {
+            return Err(Error::Checkpoint {
+                path: source.path().display().to_string(),
+                message: format!("tensor `{name}` is not stored quantized; read it as floats"),
+            });
+        };
+        let global = logical(&shape).ok_or_else(|| Error::Checkpoint {
+            path: source.path().display().to_string(),
+            message: format!("tensor `{name}` has shape {shape:?}; a quantized weight is 2-D"),
+        })?;
+        let local = match part::<P>(global, group_size, (comm.rank(), comm.size())) {
+            Some(range) if P::AXIS == Some(0) => source.read_quantized_rows(name, &[range], s)?,
+            Some(range) => source.read_quantized_groups(name, &[range], s)?,
+            None => source.read_quantized_rows(name, &[(0, global[0])], s)?,
+        };
+        Self::from_local(local, comm, global)
+    }
+
+    /// The logical `[rows, columns]` of field `name` of a checkpoint that
+    /// [`gather_full`](Self::gather_full) wrote (see
+    /// [`read_checkpoint`](Self::read_checkpoint)), from its header.
+    ///
+    /// # Errors
+    /// A missing or malformed tensor, naming it.
+    pub fn checkpoint_shape(checkpoint: &Checkpoint, name: &str, s: &Stream) -> Result<[usize; 2]> {
+        let (group_size, _) = stored_quantization(checkpoint, name, s)?;
+        let scales = &checkpoint.info(&format!("{name}.scales"))?.shape;
+        match scales.as_slice() {
+            &[rows, groups] if rows >= 0 && groups >= 0 => {
+                Ok([rows as usize, groups as usize * group_size])
+            }
+            other => Err(malformed(
+                checkpoint,
+                name,
+                &format!("its scales have shape {other:?}, not [rows, groups]"),
+            )),
+        }
+    }
+
+    /// This rank's part of the quantized field `name` of a checkpoint
+    /// written from [`gather_full`](Self::gather_full)'s tensors: `name`
+    /// (packed `uint32`), `name.scales`, `name.biases` and
+    /// `name.quantization` (`uint32` `[group_size, bits]`). Only its rows or
+    /// groups are read.
+    ///
+    /// # Errors
+    /// A missing tensor, tensors that disagree, or a failed read, naming
+    /// the checkpoint and the tensor.
+    pub fn read_checkpoint(
+        checkpoint: &Checkpoint,
+        name: &str,
+        comm: &C,
+        s: &Stream,
+    ) -> Result<Self> {
+        let (group_size, bits) = stored_quantization(checkpoint, name, s)?;
+        let global = Self::checkpoint_shape(checkpoint, name, s)?;
+        let (scales, biases) = (format!("{name}.scales"), format!("{name}.biases"));
+        let words = group_size * bits / 32;
+        let (weight, scales, biases) =
+            match part::<P>(global, group_size, (comm.rank(), comm.size())) {
+                Some(range) if P::AXIS == Some(0) => (
+                    checkpoint.read_rows(name, &[range], s)?,
+                    checkpoint.read_rows(&scales, &[range], s)?,
+                    checkpoint.read_rows(&biases, &[range], s)?,
+                ),
+                Some((first, count)) => (
+                    checkpoint.read_columns(name, &[(first * words, count * words)], s)?,
+                    checkpoint.read_columns(&scales, &[(first, count)], s)?,
+                    checkpoint.read_columns(&biases, &[(first, count)], s)?,
+                ),
+                None => (
+                    checkpoint.read(name, s)?,
+                    checkpoint.read(&scales, s)?,
+                    checkpoint.read(&biases, s)?,
+                ),
+            };
+        let local = AffineWeight::new(weight, scales, biases, group_size, bits)
+            .map_err(|e| malformed(checkpoint, name, &e.to_string()))?;
+        Self::from_local(local, comm, global)
+    }
+
+    /// This rank's part.
+    pub fn local(&self) -> &AffineWeight {
+        &self.local
+    }
+
+    /// The group the weight is laid out over.
+    pub fn comm(&self) -> &C {
+        &self.comm
+    }
+
+    /// The logical `[rows, columns]`.
+    pub fn global_shape(&self) -> [usize; 2] {
+        self.global
+    }
+
+    /// The full quantized weight again, on every rank. Cost: one
+    /// `all_gather` each of the packed values, scales and biases of a
+    /// sharded weight; nothing for a replicated one. Evaluated here, as
+    /// [`gather_weight`](super::gather_weight) is.
+    ///
+    /// # Errors
+    /// An MLX or communication error.
+    pub fn gather_full(&self, s: &Stream) -> Result<AffineWeight> {
+        let Some(axis) = P::AXIS else {
+            return Ok(self.local.clone());
+        };
+        let (n, q) = (self.comm.size(), &self.local);
+        let [rows, columns] = self.global;
+        let (values, groups) = if axis == 0 {
+            let rows = chunk_lengths(rows, n);
+            (rows.clone(), rows)
+        } else {
+            let groups = chunk_lengths(columns / q.group_size, n);
+            let words = q.group_size * q.bits / 32;
+            (groups.iter().map(|g| g * words).collect(), groups)
+        };
+        let weight = self.comm.all_gather(&q.weight, axis, &values, s)?;
+        let scales = self.comm.all_gather(&q.scales, axis, &groups, s)?;
+        let biases = self.comm.all_gather(&q.biases, axis, &groups, s)?;
+        crate::eval(&[&weight, &scales, &biases])?;
+        AffineWeight::new(weight, scales, biases, q.group_size, q.bits)
+    }
+}
+
+/// The four tensors a checkpoint stores for a quantized field `w` (what
+/// [`QuantizedArray::read_checkpoint`] reads back): `w` (the packed
+/// values), `w.scales`, `w.biases` and `w.quantization` (`uint32`
+/// `[group_size, bits]`), in that order.
+pub fn checkpoint_tensors(full: AffineWeight) -> [Array; 4] {
+    let quantization = Array::from_slice(&[full.group_size as u32, full.bits as u32], &[2]);
+    [full.weight, full.scales, full.biases, quantization]
+}
+
+fn logical(shape: &[i32]) -> Option<[usize; 2]> {
+    match *shape {
+        [rows, columns] => Some([usize::try_from(rows).ok()?, usize::try_from(columns).ok()?]),
+        _ => None,
+    }
+}
+
+fn malformed(checkpoint: &Checkpoint, name: &str, why: &str) -> Error {
+    Error::Checkpoint {
+        path: checkpoint.path().display().to_string(),
+        message: format!("quantized weight `{name}`: {why}"),
+    }
+}
+
+/// `(group_size, bits)` from the field's `.quantization` tensor.
+fn stored_quantization(checkpoint: &Checkpoint, name: &str, s: &Stream) -> Result<(usize, usize)> {
+    let key = format!("{name}.quantization");
+    let info = checkpoint.info(&key)?;
+    if info.dtype != Dtype::Uint32 || info.shape != [2] {
+        return Err(malformed(
+            checkpoint,
+            name,
+            &format!(
+                "`{key}` is {:?} {:?}; it is uint32 [group_size, bits]",
+                info.dtype, info.shape
+            ),
+        ));
+    }
+    let stored = checkpoint.read(&key, s)?;
+    let values = stored
+        .evaluated()?
+        .try_to_vec::<u32>()
+        .map_err(|e| malformed(checkpoint, name, &format!("`{key}`: {e}")))?;
+    match values.as_slice() {
+        &[group_size, bits] => Ok((group_size as usize, bits as usize)),
+        _ => Err(malformed(
+            checkpoint,
+            name,
+            &format!("`{key}` does not hold 2 values"),
+        )),
+    }
+}
+
+impl FieldLayout {
+    /// The layout of the quantized weight `weight`, named `name` (its
+    /// logical shapes).
+    pub fn of_quantized<P: QuantizedPlacement, C: Collective>(
+        name: &'static str,
+        weight: &QuantizedArray<P, C>,
+    ) -> Self {
+        let shape = |s: [usize; 2]| s.iter().map(|&d| d as i32).collect();
+        Self {
+            name,
+            placement: format!("Quantized {}", P::name()),
+            segments: 1,
+            global_shape: shape(weight.global),
+            local_shape: shape(weight.local.shape()),
+        }
+    }
+}
+
+impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    /// `x Wᵀ` for a 2-D `x` `[T, in]` and a quantized `W` `[out, in]`,
+    /// without dequantizing, by the rules of [`QuantizedMatmulRule`] (those
+    /// of `x.matmul(Wᵀ)`): a `Replicated` `x` times a `Sharded<0>` `W`
+    /// (column parallel) is `Sharded<1>`, a `Sharded<1>` `x` times a
+    /// `Sharded<1>` `W` (row parallel) is `Partial`.
+    ///
+    /// # Errors
+    /// Shapes that do not agree, or a row-parallel product whose `x`
+    /// columns (chunked by elements) are not the weight's inputs (chunked
+    /// by groups) on this rank.
+    pub fn quantized_matmul<Q: QuantizedPlacement>(
+        &self,
+        w: &QuantizedArray<Q, C>,
+        s: &Stream,
+    ) -> Result<ShardedArray<<P as QuantizedMatmulRule<Q>>::Output, C>>
+    where
+        P: QuantizedMatmulRule<Q>,
+    {
+        let (x, [rows, columns]) = (self.global_shape(), w.global);
+        if x.len() != 2 || usize::try_from(x[1]).ok() != Some(columns) {
+            return Err(Error::Shape(format!(
+                "quantized matmul of {} {x:?} by a {} quantized weight [{rows}, {columns}] transposed: x must be 2-D with {columns} columns",
+                P::name(),
+                Q::name()
+            )));
+        }
+        let local_inputs = w.local.shape()[1];
+        let x_inputs = self.local().shape().get(1).map(|&c| c as usize);
+        if x_inputs != Some(local_inputs) {
+            return Err(Error::Shape(format!(
+                "quantized matmul on rank {} of {}: x ({}) holds {} of the {columns} inputs but the weight ({}) holds {local_inputs} ({} of {} groups of {}); a Sharded<1> x splits its columns by elements and the weight by groups, which agree only when every chunk is whole groups (e.g. {columns} a multiple of {} times the ranks)",
+                self.comm().rank(),
+                self.comm().size(),
+                P::name(),
+                x_inputs.unwrap_or(0),
+                Q::name(),
+                local_inputs / w.local.group_size,
+                columns / w.local.group_size,
+                w.local.group_size,
+                w.local.group_size,
+            )));
+        }
+        let local = w.local.matmul_t(self.local(), s)?;
+        Ok(ShardedArray::new_unchecked(
+            local,
+            self.comm().clone(),
+            vec![x[0], rows as i32],
+        ))
+    }
+}
