@@ -4,9 +4,16 @@
     peers.py convert GGUF DIR    write the GGUF's tensors, dequantized to
                                  float32 (q/k rows back in Hugging Face
                                  order), as a Hugging Face directory for mlx-lm
-    peers.py run GGUF DIR OUT PROMPT DECODE THREADS
-                                 mlx-lm on DIR and llama.cpp on GGUF: prefill
-                                 of PROMPT tokens and DECODE greedy steps;
+    peers.py convert-quantized GGUF DIR
+                                 the same with the Q4_1/Q8_0 blocks kept
+                                 quantized, as MLX's own GGUF loader maps them
+                                 (affine, group 32; scales and biases as
+                                 float32, the values our loader gives), in
+                                 mlx-community's layout (per-layer bits)
+    peers.py run GGUF DIR QDIR OUT PROMPT DECODE THREADS
+                                 mlx-lm on DIR and on QDIR (its quantized
+                                 layers) and llama.cpp on GGUF: prefill of
+                                 PROMPT tokens and DECODE greedy steps;
                                  appends one JSON line per peer to OUT
 
 The prompt is the token ids (i * 7919) % 20000 + 100, as bench_generate's.
@@ -22,34 +29,43 @@ from pathlib import Path
 import numpy as np
 
 
-def convert(gguf_path, out):
+LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def metadata(gguf_path):
     from gguf import GGUFReader
-    from gguf.quants import dequantize
-    from safetensors.numpy import save_file
 
     r = GGUFReader(gguf_path)
-    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+    return r, {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+
+
+def hf_module(name):
+    """GGUF tensor stem -> (Hugging Face module, GGUF module)."""
+    if name in TOP:
+        return TOP[name], name
+    _, i, module = name.split(".")
+    return f"model.layers.{i}.{LAYER[module]}", module
+
+
+def unpermute(w, meta, module):
+    """llama.cpp's Q/K row order back to Hugging Face's (rows only, so the
+    same for packed values, scales and biases)."""
     arch = meta["general.architecture"]
-    heads, kv = meta[f"{arch}.attention.head_count"], meta[f"{arch}.attention.head_count_kv"]
-    layer = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    top = {"token_embd.weight": "model.embed_tokens.weight",
-           "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-    tensors = {}
-    for t in r.tensors:
-        shape = [int(d) for d in reversed(t.shape)]
-        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-        if t.name in top:
-            name = top[t.name]
-        else:
-            _, i, module, suffix = t.name.split(".")
-            name = f"model.layers.{i}.{layer[module]}.{suffix}"
-            if arch == "llama" and module in ("attn_q", "attn_k"):
-                n = heads if module == "attn_q" else kv
-                w = w.reshape(n, w.shape[0] // n // 2, 2, -1).swapaxes(1, 2).reshape(shape)
-        tensors[name] = np.ascontiguousarray(w)
+    if arch != "llama" or module not in ("attn_q", "attn_k"):
+        return w
+    n = meta[f"{arch}.attention.head_count" if module == "attn_q" else f"{arch}.attention.head_count_kv"]
+    rows = w.shape[0]
+    return w.reshape(n, rows // n // 2, 2, -1).swapaxes(1, 2).reshape(rows, -1)
+
+
+def write_dir(out, meta, tensors, quantization=None):
+    from safetensors.numpy import save_file
+
+    arch = meta["general.architecture"]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors")
@@ -57,14 +73,53 @@ def convert(gguf_path, out):
         "model_type": arch, "hidden_size": meta[f"{arch}.embedding_length"],
         "intermediate_size": meta[f"{arch}.feed_forward_length"],
         "num_hidden_layers": meta[f"{arch}.block_count"],
-        "num_attention_heads": heads, "num_key_value_heads": kv,
+        "num_attention_heads": meta[f"{arch}.attention.head_count"],
+        "num_key_value_heads": meta[f"{arch}.attention.head_count_kv"],
         "rms_norm_eps": meta[f"{arch}.attention.layer_norm_rms_epsilon"],
         "rope_theta": meta[f"{arch}.rope.freq_base"],
         "vocab_size": tensors["model.embed_tokens.weight"].shape[0],
         "max_position_embeddings": meta[f"{arch}.context_length"],
         "tie_word_embeddings": "lm_head.weight" not in tensors,
     }
+    if quantization:
+        config["quantization"] = quantization
     (out / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def convert(gguf_path, out):
+    from gguf.quants import dequantize
+
+    r, meta = metadata(gguf_path)
+    tensors = {}
+    for t in r.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        stem, suffix = t.name.rsplit(".", 1)
+        module, gguf_module = hf_module(stem)
+        if w.ndim == 2:
+            w = unpermute(w, meta, gguf_module)
+        tensors[f"{module}.{suffix}"] = np.ascontiguousarray(w)
+    write_dir(out, meta, tensors)
+
+
+def convert_quantized(gguf_path, out):
+    import mlx.core as mx
+
+    _, meta = metadata(gguf_path)
+    loaded = mx.load(gguf_path)
+    tensors, quantization = {}, {"group_size": 32, "bits": 4}
+    for key, value in loaded.items():
+        stem, part = key.rsplit(".", 1)
+        module, gguf_module = hf_module(stem)
+        w = np.array(value.astype(mx.float32) if part != "weight" or value.dtype != mx.uint32 else value)
+        if w.ndim == 2:
+            w = unpermute(w, meta, gguf_module)
+        tensors[f"{module}.{part}"] = np.ascontiguousarray(w)
+        if part == "scales":
+            # Packed words per row over groups per row: bits per value.
+            bits = loaded[f"{stem}.weight"].shape[1] // value.shape[1]
+            quantization[module] = {"group_size": 32, "bits": bits}
+    write_dir(out, meta, tensors, quantization)
 
 
 def prompt(n):
@@ -141,11 +196,14 @@ def run_llama_cpp(gguf_path, ids, decode, threads):
 def main():
     if sys.argv[1] == "convert":
         return convert(sys.argv[2], sys.argv[3])
-    gguf_path, hf_dir, out, n_prompt, decode, threads = sys.argv[2:8]
+    if sys.argv[1] == "convert-quantized":
+        return convert_quantized(sys.argv[2], sys.argv[3])
+    gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]
     ids, decode = prompt(int(n_prompt)), int(decode)
     rows = []
     for impl, weights, fn in [
         ("mlx-lm", "dequantized f32 (same values)", lambda: run_mlx_lm(hf_dir, ids, decode)),
+        ("mlx-lm", "quantized", lambda: run_mlx_lm(quantized_dir, ids, decode)),
         ("llama.cpp", "Q4_1/Q8_0 GGUF as stored", lambda: run_llama_cpp(gguf_path, ids, decode, threads)),
     ]:
         pre, dec = fn()

@@ -1,9 +1,10 @@
 //! `cargo xtask bench generate`: SmolLM2-135M prefill (512 tokens) and
 //! decode tokens/s at 1, 2 and 3 ranks on ring and MPI, one compute thread
 //! per rank, and in the same run the peers on the same weights: mlx-lm
-//! (MLX Python, the GGUF's tensors dequantized to the same float32 values)
-//! and llama.cpp (llama-cpp-python on the GGUF itself), with one thread and
-//! with all threads. JSON lines in `target/bench/generate.jsonl`, then the
+//! (MLX Python, the GGUF's tensors dequantized to the same float32 values,
+//! and its quantized layers on the GGUF's blocks as MLX's GGUF loader maps
+//! them) and llama.cpp (llama-cpp-python on the GGUF itself), with one
+//! thread and with all threads. JSON lines in `target/bench/generate.jsonl`, then the
 //! table and the targets' ratios. Our rows run twice: with the weights
 //! dequantized to float32 (`--dequantize`, the peers' weights) and with the
 //! GGUF's quantized blocks kept quantized.
@@ -64,13 +65,17 @@ fn peers_python() -> Result<PathBuf, String> {
 
 fn peers(python: &Path, gguf: &Path, out: &Path) -> Result<(), String> {
     let script = cmd::root().join("xtask/bench/peers.py");
-    let hf = cmd::cache_root()
-        .join("models")
-        .join("SmolLM2-135M-Instruct-f32-hf");
-    if !hf.join("config.json").is_file() {
-        let mut convert = Command::new(python);
-        convert.arg(&script).arg("convert").arg(gguf).arg(&hf);
-        cmd::run(convert)?;
+    let models = cmd::cache_root().join("models");
+    let (hf, quantized) = (
+        models.join("SmolLM2-135M-Instruct-f32-hf"),
+        models.join("SmolLM2-135M-Instruct-Q4_1-mlx"),
+    );
+    for (dir, how) in [(&hf, "convert"), (&quantized, "convert-quantized")] {
+        if !dir.join("config.json").is_file() {
+            let mut convert = Command::new(python);
+            convert.arg(&script).arg(how).arg(gguf).arg(dir);
+            cmd::run(convert)?;
+        }
     }
     for threads in ["1", "all"] {
         let mut run = Command::new(python);
@@ -78,6 +83,7 @@ fn peers(python: &Path, gguf: &Path, out: &Path) -> Result<(), String> {
             .arg("run")
             .arg(gguf)
             .arg(&hf)
+            .arg(&quantized)
             .arg(out)
             .args([PROMPT, DECODE, threads]);
         if threads == "1" {
@@ -215,6 +221,11 @@ fn report(rows: &[Value]) {
     println!(
         "target: quantized 1 rank decode vs dequantized: {:.2}x (goal >= 2x)",
         speed(q1, "decode_tokens_per_s") / speed(ours_1, "decode_tokens_per_s")
+    );
+    let mlx_lm_q = find_weights(rows, "mlx-lm", "none", 1, "1", true);
+    println!(
+        "target: quantized 1 rank decode vs mlx-lm's quantized layers (same weights, one thread): {:.2}x (goal >= 1x)",
+        speed(q1, "decode_tokens_per_s") / speed(mlx_lm_q, "decode_tokens_per_s")
     );
     let q_mpi = |n| find_weights(rows, "safemlx-dist", "mpi", n, "1", true);
     println!(
