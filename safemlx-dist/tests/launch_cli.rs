@@ -144,9 +144,14 @@ fn bad_arguments_exit_2_and_start_nothing() {
     };
     let port_zero = temp("port0", r#"[["127.0.0.1:0"], ["127.0.0.1:5001"]]"#);
     let ipv6 = temp("ipv6", r#"[["[::1]:5000"], ["127.0.0.1:5001"]]"#);
+    let mlx_hostfile = temp("mlx", r#"[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]"#);
+    let mlx_ipv6 = temp(
+        "mlx-ipv6",
+        r#"[{"ssh": "a", "ips": ["127.0.0.1"]}, {"ssh": "b", "ips": ["fe80::1"]}]"#,
+    );
     let not_executable = temp("noexec", "#!/bin/sh\ntouch /tmp/never\n");
     let directory = std::env::temp_dir().display().to_string();
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 20] = [
         (
             &["-n", "2", "-n", "3", "sh", "-c", &touch],
             "-n is given twice; give it once",
@@ -173,8 +178,24 @@ fn bad_arguments_exit_2_and_start_nothing() {
         ),
         (&["-n", "2", &directory], "is a directory; give an executable file"),
         (
-            &["-n", "2", "--backend", "mpi", "--hostfile", "/no/such/file", "sh", "-c", &touch],
-            "--hostfile is a ring host list; under mpi the hosts come from mpirun",
+            &["-n", "2", "--backend", "mpi", "--hostfile", &bad_hostfile, "sh", "-c", &touch],
+            "this --hostfile is a ring host list ([[\"ip:port\"], ...]), which MPI does not read",
+        ),
+        (
+            &["-n", "2", "--hostfile", "/no/such/file", "sh", "-c", &touch],
+            "bad hostfile \"/no/such/file\": cannot read it: No such file or directory",
+        ),
+        (
+            &["--hosts", "127.0.0.1", "--hostfile", &mlx_hostfile, "sh", "-c", &touch],
+            "give --hosts or an mlx.launch --hostfile, not both",
+        ),
+        (
+            &["--hostfile", &mlx_ipv6, "sh", "-c", &touch],
+            "host 1: \"fe80::1\" is not an IPv4 address; MLX's ring reads IPv4 addresses only",
+        ),
+        (
+            &["--env", "1X=2", "-n", "2", "sh", "-c", &touch],
+            "--env \"1X=2\": \"1X\" is not an environment variable name",
         ),
         (
             &["-n", "2", "--hostfile", &port_zero, "sh", "-c", &touch],
@@ -211,6 +232,16 @@ fn bad_arguments_exit_2_and_start_nothing() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
         assert!(!marker.exists(), "{args:?} started a rank");
+    }
+    for file in [
+        port_zero,
+        ipv6,
+        mlx_hostfile,
+        mlx_ipv6,
+        not_executable,
+        bad_hostfile,
+    ] {
+        std::fs::remove_file(file).ok();
     }
 }
 

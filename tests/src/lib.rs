@@ -6,6 +6,7 @@
 
 pub mod dense;
 pub mod models;
+pub mod netns;
 pub mod typed;
 
 use safemlx::{Array, Device, DeviceType, Dtype, Stream};

@@ -12,6 +12,9 @@ use crate::{cmd, models, setup};
 pub fn test() -> Result<(), String> {
     let started = Instant::now();
     setup::run()?;
+    // The multi-host tests' hosts: network namespaces running sshd, with
+    // faults from tc and nftables.
+    setup::install_debian_packages(&["openssh-server", "openssh-client", "iproute2", "nftables"])?;
     cmd::run(cmd::cargo(&["fmt", "--all", "--check"]))?;
     cmd::run(cmd::cargo(&[
         "clippy",
@@ -27,7 +30,9 @@ pub fn test() -> Result<(), String> {
     // module (see `safemlx-dist/src/book.rs`).
     let model = models::fetch_smollm2()?;
     let mut tests = cmd::cargo(&["test", "--release", "--workspace"]);
-    tests.env("SAFEMLX_SMOLLM2_GGUF", &model);
+    tests
+        .env("SAFEMLX_SMOLLM2_GGUF", &model)
+        .env("SAFEMLX_DIST_REQUIRE_NETNS", "1");
     cmd::run(tests)?;
     let mut docs = cmd::cargo(&["doc", "--release", "--workspace", "--no-deps"]);
     docs.env("RUSTDOCFLAGS", "-D warnings");

@@ -1,8 +1,17 @@
-//! `safemlx-launch`: start N ranks of a program on this machine.
+//! `safemlx-launch`: start N ranks of a program on this machine, or on
+//! other hosts over ssh.
 //!
 //! ```text
-//! safemlx-launch -n N [--backend ring|mpi] [--hostfile FILE] [--timeout SECONDS] [--] PROGRAM [ARGS...]
+//! safemlx-launch [-n N] [--backend ring|mpi] [--hosts H1,H2,... | --hostfile FILE]
+//!                [--env KEY=VALUE]... [--ssh "ssh -F CONFIG"] [--starting-port P]
+//!                [--timeout SECONDS] [--] PROGRAM [ARGS...]
 //! ```
+//!
+//! Without hosts, `-n` ranks run here. With `--hosts` or an `mlx.launch`
+//! JSON hostfile, `-n` ranks (default: one per host) are spread over the
+//! hosts and started with ssh; output lines are prefixed
+//! `[rank K host H] `. (`safemlx-launch --agent ...` is what runs each
+//! remote rank; it is not for direct use.)
 //!
 //! Exit status: 0 when every rank succeeded; 1 when a rank failed or the
 //! timeout passed (the message names the ranks); 2 for bad arguments, in
@@ -12,13 +21,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use safemlx_dist::launch::{Launch, LaunchError};
+use safemlx_dist::launch::{parse_env, read_hostfile, HostList, Hostfile, Launch, LaunchError};
 use safemlx_dist::Backend;
 
 /// The longest `--timeout` accepted: a year.
 const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
-const USAGE: &str = "usage: safemlx-launch -n N [--backend ring|mpi] [--hostfile FILE] [--timeout SECONDS] [--] PROGRAM [ARGS...]";
+const USAGE: &str = "usage: safemlx-launch [-n N] [--backend ring|mpi] [--hosts H1,H2,... | --hostfile FILE] [--env KEY=VALUE]... [--ssh COMMAND] [--starting-port P] [--timeout SECONDS] [--] PROGRAM [ARGS...]";
 
 /// Keeps the first value of an option; a second one is an error (the
 /// user meant one of them, and silently taking the last hides which).
@@ -34,6 +43,10 @@ fn parse(args: &[String]) -> Result<Launch, String> {
     let mut ranks = None;
     let mut backend = None;
     let mut hostfile = None;
+    let mut hosts = None;
+    let mut envs = Vec::new();
+    let mut ssh = None;
+    let mut port = None;
     let mut timeout = None;
     let mut i = 0;
     while i < args.len() {
@@ -61,6 +74,28 @@ fn parse(args: &[String]) -> Result<Launch, String> {
             "--hostfile" => {
                 let path = value(arg)?;
                 once(&mut hostfile, "--hostfile", path)?;
+            }
+            "--hosts" => {
+                let list = value(arg)?;
+                once(&mut hosts, "--hosts", list)?;
+            }
+            "--env" => envs.push(parse_env(&value(arg)?).map_err(|e| format!("--env {e}"))?),
+            "--ssh" => {
+                let words: Vec<String> =
+                    value(arg)?.split_whitespace().map(str::to_owned).collect();
+                if words.is_empty() {
+                    return Err(
+                        "--ssh needs a command, e.g. --ssh \"ssh -F ./ssh_config\"".to_owned()
+                    );
+                }
+                once(&mut ssh, "--ssh", words)?;
+            }
+            "--starting-port" | "-p" => {
+                let v = value(arg)?;
+                let p = v.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                    format!("--starting-port takes a port from 1 to 65535, got {v:?}")
+                })?;
+                once(&mut port, "--starting-port", p)?;
             }
             "--timeout" => {
                 let v = value(arg)?;
@@ -92,14 +127,52 @@ fn parse(args: &[String]) -> Result<Launch, String> {
         }
         i += 1;
     }
-    let ranks = ranks.ok_or("-n N is required")?;
     let (program, program_args) = args[i..].split_first().ok_or("no PROGRAM given")?;
+    let mut list = match hosts {
+        Some(list) => Some(HostList::from_list(&list)?),
+        None => None,
+    };
+    let mut ring_hostfile = None;
+    if let Some(path) = hostfile {
+        match read_hostfile(std::path::Path::new(&path)).map_err(|e| e.to_string())? {
+            Hostfile::Ring => ring_hostfile = Some(path),
+            Hostfile::Hosts(_) if list.is_some() => {
+                return Err("give --hosts or an mlx.launch --hostfile, not both".to_owned())
+            }
+            Hostfile::Hosts(file) => list = Some(file),
+        }
+    }
+    let ranks = match (ranks, &list) {
+        (Some(n), _) => n,
+        (None, Some(list)) => list.hosts.len(),
+        (None, None) => {
+            return Err("-n N is required (or --hosts, for one rank per host)".to_owned())
+        }
+    };
+    let backend = backend
+        .or_else(|| list.as_ref().and_then(|l| l.backend))
+        .unwrap_or(Backend::Ring);
     let mut launch = Launch::new(ranks, program)
-        .backend(backend.unwrap_or(Backend::Ring))
+        .backend(backend)
         .forward_signals(true)
         .args(program_args);
-    if let Some(path) = hostfile {
+    if let Some(path) = ring_hostfile {
         launch = launch.hostfile(path);
+    }
+    if let Some(list) = list {
+        for (key, value) in &list.envs {
+            launch = launch.env(key, value);
+        }
+        launch = launch.hosts(list);
+    }
+    for (key, value) in envs {
+        launch = launch.env(key, value);
+    }
+    if let Some(words) = ssh {
+        launch = launch.ssh_command(words);
+    }
+    if let Some(port) = port {
+        launch = launch.starting_port(port);
     }
     if let Some(t) = timeout {
         launch = launch.timeout(t);
@@ -108,6 +181,10 @@ fn parse(args: &[String]) -> Result<Launch, String> {
 }
 
 fn main() -> ExitCode {
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if raw.first().is_some_and(|a| a == "--agent") {
+        return ExitCode::from(safemlx_dist::launch::agent::run(&raw[1..]));
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let launch = match parse(&args) {
         Ok(launch) => launch,
@@ -131,6 +208,7 @@ fn main() -> ExitCode {
             let started = matches!(
                 error,
                 LaunchError::RankFailed { .. }
+                    | LaunchError::HostLost { .. }
                     | LaunchError::MpirunFailed { .. }
                     | LaunchError::TimedOut { .. }
                     | LaunchError::Spawn { .. }

@@ -29,6 +29,11 @@ impl RingHosts {
         Ok(Self { ranks })
     }
 
+    /// The list of `ranks` addresses, in rank order.
+    pub(crate) fn from_addresses(ranks: Vec<Vec<SocketAddr>>) -> Self {
+        Self { ranks }
+    }
+
     /// Reads and validates a ring host list for `expected_ranks` ranks.
     pub fn read(path: &Path, expected_ranks: usize) -> Result<Self, LaunchError> {
         let bad = |reason: String| LaunchError::Hostfile {

@@ -13,10 +13,13 @@
 //! joined a group exits by itself when its launcher is gone (killed), so no
 //! rank outlives the run.
 
+pub mod agent;
 mod hostfile;
+mod hosts;
 mod mpi;
 mod progress;
 mod ranks;
+mod remote;
 mod supervise;
 mod watchdog;
 
@@ -29,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use hostfile::{RingHosts, TempHostfile};
+pub use hosts::{parse_env, read_hostfile, Host, HostList, Hostfile, DEFAULT_STARTING_PORT};
 pub use ranks::{Ranks, RANK_OF_ENV};
 pub(crate) use watchdog::watch_launcher;
 pub use watchdog::LAUNCHER_ENV;
@@ -76,7 +80,7 @@ pub enum LaunchError {
         reason: String,
     },
     /// A hostfile given for the MPI backend, which does not read it.
-    #[error("--hostfile is a ring host list; under mpi the hosts come from mpirun (leave --hostfile out, or use --backend ring)")]
+    #[error("this --hostfile is a ring host list ([[\"ip:port\"], ...]), which MPI does not read; under mpi give hosts with --hosts or an mlx.launch hostfile, or use --backend ring")]
     HostfileWithMpi,
     /// `mpirun` is not installed.
     #[error("mpirun was not found on PATH; install Open MPI (`cargo xtask setup` does)")]
@@ -139,6 +143,37 @@ pub enum LaunchError {
         /// Its name, e.g. `SIGTERM`.
         name: String,
     },
+    /// A host that ssh could not reach before anything ran.
+    #[error("host {host} is not reachable over ssh, so nothing was started: {reason}")]
+    HostUnreachable {
+        /// The ssh destination.
+        host: String,
+        /// What ssh said.
+        reason: String,
+    },
+    /// A host lacks what its ranks need; nothing was started.
+    #[error("host {host} has no {what}, so nothing was started")]
+    MissingOnHost {
+        /// The ssh destination.
+        host: String,
+        /// What is missing.
+        what: String,
+    },
+    /// The ssh connection of a remote rank failed mid-run (exit 255); the
+    /// other ranks were stopped.
+    #[error("rank {rank} on host {host}: lost the ssh connection to {host} (ssh {status}: the host went unreachable or closed the connection); the other ranks were stopped")]
+    HostLost {
+        /// The rank.
+        rank: usize,
+        /// Its host.
+        host: String,
+        /// ssh's exit status.
+        status: String,
+    },
+    /// Both `--hosts` and an `mlx.launch` hostfile, or a hostfile of one
+    /// kind where the other is needed.
+    #[error("{0}")]
+    Hosts(String),
     /// A file could not be written or a port reserved.
     #[error("{0}")]
     Io(String),
@@ -175,6 +210,9 @@ pub struct Launch {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     forward_signals: bool,
+    hosts: Option<HostList>,
+    ssh: Vec<OsString>,
+    starting_port: u16,
 }
 
 impl Launch {
@@ -189,7 +227,36 @@ impl Launch {
             args: Vec::new(),
             env: Vec::new(),
             forward_signals: false,
+            hosts: None,
+            ssh: vec!["ssh".into()],
+            starting_port: DEFAULT_STARTING_PORT,
         }
+    }
+
+    /// Run the ranks on these hosts over ssh (`-n` ranks spread over them
+    /// by the chunk rule), instead of on this machine. The program, this
+    /// launcher and the working directory must be at the same paths there;
+    /// that is checked on every host before anything runs.
+    pub fn hosts(mut self, hosts: HostList) -> Self {
+        self.hosts = Some(hosts);
+        self
+    }
+
+    /// The ssh command and its options, e.g. `["ssh", "-F", "config"]`
+    /// (default `ssh`).
+    pub fn ssh_command<I: IntoIterator<Item = S>, S: Into<OsString>>(mut self, words: I) -> Self {
+        let words: Vec<OsString> = words.into_iter().map(Into::into).collect();
+        if !words.is_empty() {
+            self.ssh = words;
+        }
+        self
+    }
+
+    /// The ring's first port on remote hosts, one more per rank (default
+    /// [`DEFAULT_STARTING_PORT`], as `mlx.launch`).
+    pub fn starting_port(mut self, port: u16) -> Self {
+        self.starting_port = port;
+        self
     }
 
     /// The backend: [`Backend::Ring`] (default) or [`Backend::Mpi`].
@@ -233,7 +300,7 @@ impl Launch {
     }
 
     /// Checks everything that can be checked before a process starts.
-    fn validate(&self) -> Result<Option<RingHosts>, LaunchError> {
+    fn validate(&self) -> Result<Plan, LaunchError> {
         if self.ranks == 0 {
             return Err(LaunchError::NoRanks);
         }
@@ -242,22 +309,57 @@ impl Launch {
                 backend: self.backend,
             });
         }
-        max_local_ranks(self.ranks)?;
         let program = find_program(&self.program).ok_or_else(|| LaunchError::ProgramNotFound {
             program: PathBuf::from(&self.program),
         })?;
         check_executable(&program)?;
+        if let Some(list) = &self.hosts {
+            if self.hostfile.is_some() {
+                return Err(LaunchError::Hosts(
+                    "a ring host list (--hostfile of [[\"ip:port\"], ...]) runs ranks on this machine; with --hosts or an mlx.launch hostfile give only that".to_owned(),
+                ));
+            }
+            if matches!(self.backend, Backend::Mpi) && find_program(OsStr::new("mpirun")).is_none()
+            {
+                return Err(LaunchError::MpirunNotFound);
+            }
+            let ring = list
+                .ring(self.ranks, self.starting_port)
+                .map_err(LaunchError::Hosts)?;
+            let absolute =
+                |path: &Path| std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+            let cwd = std::env::current_dir()
+                .map_err(|e| LaunchError::Io(format!("cannot read the working directory: {e}")))?;
+            let remote = Remote {
+                list: list.clone(),
+                ring,
+                program: absolute(&program),
+                launcher: launcher_path()?,
+                cwd,
+            };
+            let used: BTreeSet<usize> = list.placement(self.ranks).into_iter().collect();
+            let hosts: Vec<&str> = used.iter().map(|&h| list.hosts[h].ssh.as_str()).collect();
+            remote::probe(
+                &self.ssh,
+                &hosts,
+                &remote.cwd,
+                &remote.program,
+                &remote.launcher,
+            )?;
+            return Ok(Plan::Remote(Box::new(remote)));
+        }
+        max_local_ranks(self.ranks)?;
         match self.backend {
             Backend::Mpi if self.hostfile.is_some() => Err(LaunchError::HostfileWithMpi),
             Backend::Mpi => {
                 if find_program(OsStr::new("mpirun")).is_none() {
                     return Err(LaunchError::MpirunNotFound);
                 }
-                Ok(None)
+                Ok(Plan::Mpi)
             }
             _ => match &self.hostfile {
-                Some(path) => RingHosts::read(path, self.ranks).map(Some),
-                None => RingHosts::loopback(self.ranks).map(Some),
+                Some(path) => RingHosts::read(path, self.ranks).map(Plan::Ring),
+                None => RingHosts::loopback(self.ranks).map(Plan::Ring),
             },
         }
     }
@@ -268,7 +370,7 @@ impl Launch {
     /// On success the report holds what `mpirun` itself printed (nothing,
     /// for ranks that shut down cleanly; always nothing for ring).
     pub fn run(&self) -> Result<LaunchReport, LaunchError> {
-        let hosts = self.validate()?;
+        let plan = self.validate()?;
         let interrupt = Arc::new(AtomicUsize::new(0));
         if self.forward_signals {
             for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -278,7 +380,7 @@ impl Launch {
         }
         let mut env = self.env.clone();
         env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
-        if matches!(self.backend, Backend::Mpi) {
+        if matches!(self.backend, Backend::Mpi) && !matches!(plan, Plan::Remote(_)) {
             env.push((LAUNCHER_ENV.into(), watchdog::this_launcher().into()));
         }
         let progress = ProgressDir::new()?;
@@ -295,9 +397,13 @@ impl Launch {
                 snapshot = progress.diagnose(self.ranks);
             }
         };
-        let result = match hosts {
-            Some(hosts) => self.run_ring(&hosts, env, &interrupt, &mut watch),
-            None => self.run_mpi(env, &interrupt, &mut watch),
+        let result = match plan {
+            Plan::Ring(hosts) => self.run_ring(&hosts, env, &interrupt, &mut watch),
+            Plan::Mpi => self.run_mpi(env, None, &interrupt, &mut watch),
+            Plan::Remote(remote) if matches!(self.backend, Backend::Mpi) => {
+                self.run_mpi(env, Some(&remote), &interrupt, &mut watch)
+            }
+            Plan::Remote(remote) => self.run_remote_ring(&remote, env, &interrupt, &mut watch),
         };
         result.map_err(|e| self.with_progress(e, snapshot))
     }
@@ -369,7 +475,7 @@ impl Launch {
                     .collect()
             })
         });
-        let outcome = supervise(commands, self.timeout, interrupt, relabel, watch)?;
+        let outcome = supervise(commands, self.timeout, interrupt, relabel, watch, false)?;
         drop(file);
         match outcome {
             Outcome::Success => Ok(LaunchReport::default()),
@@ -389,13 +495,111 @@ impl Launch {
         }
     }
 
-    fn run_mpi(
+    /// Ranks on other hosts, each started over ssh under an agent
+    /// ([`agent`]) that stops it when the launcher's connection closes or
+    /// falls silent.
+    fn run_remote_ring(
         &self,
-        env: Vec<(OsString, OsString)>,
+        remote: &Remote,
+        mut env: Vec<(OsString, OsString)>,
         interrupt: &AtomicUsize,
         watch: &mut dyn FnMut(),
     ) -> Result<LaunchReport, LaunchError> {
-        let command = mpi::command(self.ranks, &env, &self.program, &self.args);
+        // The progress directory is this machine's: remote ranks do not see it.
+        env.retain(|(k, _)| k != crate::PROGRESS_DIR_ENV);
+        let placement = remote.list.placement(self.ranks);
+        let host_of = |rank: usize| remote.list.hosts[placement[rank]].ssh.clone();
+        let commands = (0..self.ranks)
+            .map(|rank| {
+                let mut env = env.clone();
+                env.push(("MLX_RANK".into(), rank.to_string().into()));
+                env.push(("MLX_WORLD_SIZE".into(), self.ranks.to_string().into()));
+                if self.ranks > 1 {
+                    env.push((agent::RING_HOSTS_ENV.into(), remote.ring.to_json().into()));
+                }
+                let host = host_of(rank);
+                let line = remote::rank_command(
+                    &remote.cwd,
+                    &env,
+                    &remote.launcher,
+                    &host,
+                    &remote.program,
+                    &self.args,
+                );
+                (rank, remote::ssh(&self.ssh, &host, &line))
+            })
+            .collect();
+        let hosts: Vec<String> = (0..self.ranks).map(host_of).collect();
+        let labels = hosts.clone();
+        let relabel: Relabel = Arc::new(move |rank| {
+            let host = labels.get(rank).cloned().unwrap_or_default();
+            Box::new(move |line| {
+                line.map(|line| format!("[rank {rank} host {host}] {line}"))
+                    .into_iter()
+                    .collect()
+            })
+        });
+        match supervise(commands, self.timeout, interrupt, relabel, watch, true)? {
+            Outcome::Success => Ok(LaunchReport::default()),
+            Outcome::Failed { label, status } if status.code() == Some(255) => {
+                Err(LaunchError::HostLost {
+                    rank: label,
+                    host: hosts[label].clone(),
+                    status: status.to_string(),
+                })
+            }
+            Outcome::Failed { label, status } => Err(LaunchError::RankFailed {
+                rank: label,
+                // The agent exits with the rank's status (128 + N after signal N).
+                status: format!(
+                    "{}, on host {}",
+                    status
+                        .code()
+                        .map_or_else(|| status.to_string(), mpi::exit_wording),
+                    hosts[label]
+                ),
+                detail: String::new(),
+            }),
+            Outcome::TimedOut { running } => Err(self.timed_out(
+                &running
+                    .iter()
+                    .map(|r| format!("{r} (host {})", hosts[*r]))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )),
+            Outcome::Interrupted { signal } => Err(interrupted(signal)),
+        }
+    }
+
+    fn run_mpi(
+        &self,
+        env: Vec<(OsString, OsString)>,
+        remote: Option<&Remote>,
+        interrupt: &AtomicUsize,
+        watch: &mut dyn FnMut(),
+    ) -> Result<LaunchReport, LaunchError> {
+        let hosts = remote.map(|r| {
+            let placement = r.list.placement(self.ranks);
+            let slots: Vec<(String, usize)> = r
+                .list
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(h, host)| {
+                    (
+                        host.ssh.clone(),
+                        placement.iter().filter(|&&p| p == h).count(),
+                    )
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            mpi::Hosts {
+                slots,
+                ssh: self.ssh.clone(),
+                program: r.program.clone(),
+            }
+        });
+        let command = mpi::command(self.ranks, &env, &self.program, &self.args, hosts.as_ref());
         // mpirun's own (untagged) lines are kept to find the failed rank.
         let report = Arc::new(Mutex::new(Vec::<String>::new()));
         let seen = Arc::clone(&report);
@@ -404,8 +608,21 @@ impl Launch {
         let first_exit = Arc::new(Mutex::new(None::<(usize, String)>));
         let finished = Arc::new(Mutex::new(BTreeSet::<usize>::new()));
         let (exits, done) = (Arc::clone(&first_exit), Arc::clone(&finished));
+        // `[rank K] `, or on several hosts `[rank K host H] `.
+        let rank_hosts: Arc<Vec<String>> = Arc::new(remote.map_or_else(Vec::new, |r| {
+            r.list
+                .placement(self.ranks)
+                .iter()
+                .map(|&h| r.list.hosts[h].ssh.clone())
+                .collect()
+        }));
         let relabel: Relabel = Arc::new(move |_| {
             let (seen, exits, done) = (Arc::clone(&seen), Arc::clone(&exits), Arc::clone(&done));
+            let rank_hosts = Arc::clone(&rank_hosts);
+            let prefix = move |rank: usize| match rank_hosts.get(rank) {
+                Some(host) => format!("[rank {rank} host {host}]"),
+                None => format!("[rank {rank}]"),
+            };
             let mut whole = mpi::Reassembler::default();
             Box::new(move |line| {
                 let lines = match line {
@@ -426,9 +643,9 @@ impl Launch {
                                 if let Ok(mut first) = exits.lock() {
                                     first.get_or_insert((failed, mpi::exit_wording(status)));
                                 }
-                                Some(format!("[rank {rank}] {text}"))
+                                Some(format!("{} {text}", prefix(rank)))
                             }
-                            None => Some(format!("[rank {rank}] {text}")),
+                            None => Some(format!("{} {text}", prefix(rank))),
                         },
                         None => {
                             if let Ok(mut lines) = seen.lock() {
@@ -440,7 +657,14 @@ impl Launch {
                     .collect()
             })
         });
-        match supervise(vec![(0, command)], self.timeout, interrupt, relabel, watch)? {
+        match supervise(
+            vec![(0, command)],
+            self.timeout,
+            interrupt,
+            relabel,
+            watch,
+            false,
+        )? {
             Outcome::Success => Ok(LaunchReport {
                 mpirun_messages: report
                     .lock()
@@ -489,6 +713,52 @@ impl Launch {
             detail: String::new(),
         }
     }
+}
+
+/// What [`Launch::validate`] decided.
+enum Plan {
+    /// Ring ranks on this machine.
+    Ring(RingHosts),
+    /// MPI ranks on this machine.
+    Mpi,
+    /// Ranks on other hosts over ssh (ring or MPI).
+    Remote(Box<Remote>),
+}
+
+/// A checked multi-host run.
+struct Remote {
+    list: HostList,
+    ring: RingHosts,
+    program: PathBuf,
+    launcher: PathBuf,
+    cwd: PathBuf,
+}
+
+/// Where `safemlx-launch` is (it runs as each remote rank's agent): this
+/// program when it is safemlx-launch, else beside it (a test or example in
+/// `target/*/`), else on `PATH`.
+fn launcher_path() -> Result<PathBuf, LaunchError> {
+    let me = std::env::current_exe().ok();
+    let named = me
+        .as_ref()
+        .filter(|p| p.file_name() == Some(OsStr::new("safemlx-launch")))
+        .cloned();
+    let beside = me.as_ref().and_then(|p| {
+        p.ancestors()
+            .skip(1)
+            .take(3)
+            .map(|dir| dir.join("safemlx-launch"))
+            .find(|c| check_executable(c).is_ok())
+    });
+    named
+        .or(beside)
+        .or_else(|| find_program(OsStr::new("safemlx-launch")))
+        .and_then(|p| std::path::absolute(p).ok())
+        .ok_or_else(|| {
+            LaunchError::Io(
+                "safemlx-launch was not found (beside this program or on PATH); remote ranks run under it: build it with `cargo build --bin safemlx-launch`".to_owned(),
+            )
+        })
 }
 
 fn interrupted(signal: i32) -> LaunchError {

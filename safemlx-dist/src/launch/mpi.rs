@@ -4,13 +4,26 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::process::Command;
 
+/// Where a multi-host MPI run puts its ranks.
+pub(crate) struct Hosts {
+    /// `(ssh destination, ranks on it)`, in rank order.
+    pub slots: Vec<(String, usize)>,
+    /// The ssh command mpirun starts its daemons with.
+    pub ssh: Vec<OsString>,
+    /// The program's absolute path (the same on every host).
+    pub program: std::path::PathBuf,
+}
+
 /// `mpirun` flags: allowed as root, more ranks than cores allowed, and each
-/// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `.
+/// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `;
+/// with `hosts`, `--host a:3,b:2` (ranks in order) and mpirun's daemons
+/// started with the same ssh command as ring ranks.
 pub(crate) fn command(
     ranks: usize,
     env: &[(OsString, OsString)],
     program: &OsString,
     args: &[OsString],
+    hosts: Option<&Hosts>,
 ) -> Command {
     let mut mpirun = Command::new("mpirun");
     // Not the variables of this process's own MPI singleton, if it has one:
@@ -26,6 +39,40 @@ pub(crate) fn command(
         ])
         .arg("-n")
         .arg(ranks.to_string());
+    let mut program = program.clone();
+    if let Some(hosts) = hosts {
+        let list: Vec<String> = hosts
+            .slots
+            .iter()
+            .map(|(h, n)| format!("{h}:{n}"))
+            .collect();
+        let mut agent: Vec<String> = hosts
+            .ssh
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        agent.extend(
+            [
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=5",
+                "-o",
+                "ServerAliveInterval=1",
+                "-o",
+                "ServerAliveCountMax=3",
+            ]
+            .map(str::to_owned),
+        );
+        mpirun.args(["--host", &list.join(",")]).args([
+            "--map-by",
+            "slot",
+            "--mca",
+            "plm_rsh_agent",
+            &agent.join(" "),
+        ]);
+        program = hosts.program.clone().into_os_string();
+    }
     for (key, value) in env {
         mpirun.env(key, value).arg("-x").arg(key);
     }
@@ -33,7 +80,7 @@ pub(crate) fn command(
     // status: mpirun's report of the failed rank is not always printed.
     mpirun
         .args(["sh", "-c", EXIT_REPORTER, "sh"])
-        .arg(program)
+        .arg(&program)
         .args(args);
     mpirun
 }

@@ -1,7 +1,7 @@
 //! Starting rank processes, forwarding their output line by line with a
 //! prefix, and stopping all of them when one fails or time runs out.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -94,20 +94,29 @@ fn signal_group(pid: u32, signal: &str) {
 /// the rest are stopped), for `timeout` (then all are stopped), or for a
 /// signal number to appear in `interrupt` (then all are stopped).
 /// `watch` runs at every poll and once more before any process is
-/// signalled.
+/// signalled. With `heartbeat`, each process's stdin is a pipe that gets a
+/// byte every [`agent::HEARTBEAT`](super::agent::HEARTBEAT) (what a remote
+/// rank's agent waits for), closed when the run ends.
 pub(crate) fn supervise(
     commands: Vec<(usize, Command)>,
     timeout: Option<Duration>,
     interrupt: &AtomicUsize,
     relabel: Relabel,
     watch: &mut dyn FnMut(),
+    heartbeat: bool,
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
     let mut running = Vec::with_capacity(commands.len());
     let mut forwarders = Vec::new();
+    let mut beats = Vec::new();
+    let mut last_beat = Instant::now();
     for (label, mut command) in commands {
         command
-            .stdin(Stdio::null())
+            .stdin(if heartbeat {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
@@ -127,6 +136,9 @@ pub(crate) fn supervise(
         if let Some(err) = child.stderr.take() {
             forwarders.push(forward(label, err, Sink::Stderr, relabel.clone()));
         }
+        if let Some(stdin) = child.stdin.take() {
+            beats.push(Some(stdin));
+        }
         running.push(Supervised {
             label,
             child,
@@ -136,6 +148,15 @@ pub(crate) fn supervise(
 
     let outcome = loop {
         watch();
+        if !beats.is_empty() && last_beat.elapsed() >= super::agent::HEARTBEAT {
+            last_beat = Instant::now();
+            for beat in beats.iter_mut() {
+                // A process that is gone gives EPIPE: stop writing to it.
+                if beat.as_mut().is_some_and(|b| b.write_all(b"\n").is_err()) {
+                    *beat = None;
+                }
+            }
+        }
         let mut failed = None;
         for process in running.iter_mut().filter(|p| p.status.is_none()) {
             if let Ok(Some(status)) = process.child.try_wait() {
@@ -170,6 +191,7 @@ pub(crate) fn supervise(
     // Once more before any signal: stopping a run can wake a stopped rank
     // (mpirun sends SIGCONT first), which would then move on.
     watch();
+    drop(beats);
     stop(&mut running);
     for forwarder in forwarders {
         let _ = forwarder.join();
