@@ -86,6 +86,14 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// The launcher's own `safemlx-launch: ...` line of `all` (empty if none).
+fn launcher_message(all: &str) -> String {
+    all.lines()
+        .find(|l| l.starts_with("safemlx-launch: "))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 // ---- What the ranks run (each also a loopback test by itself) ----
 
 #[test]
@@ -309,11 +317,7 @@ fn a_link_taken_down_mid_run_ends_every_rank_naming_the_host() {
     });
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
-    let message = all
-        .lines()
-        .find(|l| l.starts_with("safemlx-launch: "))
-        .unwrap_or_default()
-        .to_owned();
+    let message = launcher_message(&all);
     assert!(
         message.contains(&lost),
         "the message names {lost}: {message}\n{all}"
@@ -345,11 +349,7 @@ fn a_killed_remote_rank_stops_every_host_and_is_named() {
             .unwrap();
     });
     let all = text(&out);
-    let message = all
-        .lines()
-        .find(|l| l.starts_with("safemlx-launch: "))
-        .unwrap_or_default()
-        .to_owned();
+    let message = launcher_message(&all);
     assert!(message.contains("rank 2 failed"), "{message}\n{all}");
     assert!(message.contains(net.address(2)), "{message}");
     assert!(seconds < 5.0, "stopped after {seconds:.1} s");
@@ -393,11 +393,7 @@ fn a_host_refusing_ssh_is_an_error_before_anything_runs() {
     .unwrap();
     let all = text(&out);
     assert_eq!(out.status.code(), Some(2), "{all}");
-    let message = all
-        .lines()
-        .find(|l| l.starts_with("safemlx-launch: "))
-        .unwrap_or_default()
-        .to_owned();
+    let message = launcher_message(&all);
     assert!(
         message.starts_with(&format!(
             "safemlx-launch: host {} is not reachable over ssh, so nothing was started: ssh: ",

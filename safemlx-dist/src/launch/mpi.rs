@@ -51,19 +51,7 @@ pub(crate) fn command(
             .iter()
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
-        agent.extend(
-            [
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=5",
-                "-o",
-                "ServerAliveInterval=1",
-                "-o",
-                "ServerAliveCountMax=3",
-            ]
-            .map(str::to_owned),
-        );
+        agent.extend(super::remote::SSH_OPTIONS.map(str::to_owned));
         mpirun.args(["--host", &list.join(",")]).args([
             "--map-by",
             "slot",

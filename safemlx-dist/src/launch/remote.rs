@@ -10,7 +10,7 @@ use super::LaunchError;
 /// Options added to every ssh command (after the user's, which win): no
 /// password prompts, a bounded connect, and a connection that counts as
 /// lost after 3 s without an answer.
-const SSH_OPTIONS: [&str; 8] = [
+pub(crate) const SSH_OPTIONS: [&str; 8] = [
     "-o",
     "BatchMode=yes",
     "-o",
