@@ -3,9 +3,21 @@
 //! its own, so the machine's own network is never touched) and an OpenSSH
 //! server on its address, with keys made for the test. Everything is
 //! removed on drop.
+//!
+//! A fixed delay on a host's link is `tc netem` where the kernel has it;
+//! where it does not (this project's CI kernel has no netem), it is
+//! [`Network::delay`]: the kernel queues every packet leaving the host's
+//! `eth0` to user space (an iptables `NFQUEUE` rule) and a thread of this
+//! process, inside that namespace, lets each one go on after the delay,
+//! in order. Packets still cross the kernel's real TCP/IP path.
 
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Runs `program args` and returns its output, or says what failed.
@@ -35,6 +47,86 @@ pub struct Network {
     addresses: Vec<String>,
     dir: PathBuf,
     sshd: Vec<Option<Child>>,
+    delays: Vec<Delay>,
+}
+
+/// One host's delaying thread ([`Network::delay`]).
+#[derive(Debug)]
+struct Delay {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Delay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The delaying thread's body: joins namespace `ns`, binds netfilter
+/// queue 0 there (reporting the outcome on `ready`), then holds each
+/// queued packet for `by` before accepting it, until `stop`; packets still
+/// held then are accepted at once.
+fn hold_packets(
+    ns: &str,
+    by: Duration,
+    stop: &AtomicBool,
+    ready: &mpsc::Sender<Result<(), String>>,
+) {
+    let bound = (|| {
+        let file = std::fs::File::open(format!("/run/netns/{ns}"))
+            .map_err(|e| format!("cannot open namespace {ns}: {e}"))?;
+        nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("cannot enter namespace {ns}: {e}"))?;
+        let mut queue =
+            nfq::Queue::open().map_err(|e| format!("no netfilter queue in {ns}: {e}"))?;
+        queue
+            .bind(0)
+            .and_then(|()| queue.set_copy_range(0, 64))
+            .and_then(|()| queue.set_queue_max_len(0, 1 << 16))
+            .map_err(|e| format!("cannot bind netfilter queue 0 in {ns}: {e}"))?;
+        queue.set_nonblocking(true);
+        Ok(queue)
+    })();
+    let mut queue = match bound {
+        Ok(queue) => {
+            let _ = ready.send(Ok(()));
+            queue
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let mut held: VecDeque<(Instant, nfq::Message)> = VecDeque::new();
+    while !stop.load(Ordering::Relaxed) {
+        loop {
+            match queue.recv() {
+                Ok(mut packet) => {
+                    packet.set_verdict(nfq::Verdict::Accept);
+                    held.push_back((Instant::now() + by, packet));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                // A full socket buffer (ENOBUFS is off) or an interrupted
+                // read: the kernel keeps or drops the packet, as a lossy
+                // link would; go on.
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        while held.front().is_some_and(|(due, _)| *due <= now) {
+            if let Some((_, packet)) = held.pop_front() {
+                let _ = queue.verdict(packet);
+            }
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    for (_, packet) in held {
+        let _ = queue.verdict(packet);
+    }
 }
 
 /// Why the machine cannot host the network, when it cannot.
@@ -55,6 +147,7 @@ pub fn unavailable() -> Option<String> {
         ("/usr/sbin/ip", "iproute2"),
         ("/usr/sbin/tc", "iproute2"),
         ("/usr/sbin/nft", "nftables"),
+        ("/usr/sbin/iptables-legacy", "iptables"),
     ] {
         if !Path::new(tool).exists() {
             return Some(format!("{tool} is missing (Debian package {hint})"));
@@ -88,6 +181,7 @@ impl Network {
             addresses: (0..hosts).map(|i| format!("{subnet}.{}", i + 1)).collect(),
             dir,
             sshd: Vec::new(),
+            delays: Vec::new(),
         };
         net.build()?;
         Ok(net)
@@ -257,6 +351,69 @@ impl Network {
         &self.names[i]
     }
 
+    /// Delays every packet leaving host `i`'s `eth0` by `by`, in order,
+    /// without netem (see the module docs), until the network is dropped.
+    ///
+    /// # Errors
+    /// The queue could not be bound or the rule not added.
+    pub fn delay(&mut self, i: usize, by: Duration) -> Result<(), String> {
+        let ns = self.names[i].clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready, bound) = mpsc::channel();
+        let thread = {
+            let (ns, stop) = (ns.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || hold_packets(&ns, by, &stop, &ready))
+        };
+        self.delays.push(Delay {
+            stop,
+            thread: Some(thread),
+        });
+        bound
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| format!("the delaying thread for {ns} did not start"))??;
+        // `--queue-bypass`: with no thread bound, packets pass undelayed.
+        self.exec(
+            &ns,
+            "iptables-legacy",
+            &[
+                "-A",
+                "OUTPUT",
+                "-o",
+                "eth0",
+                "-j",
+                "NFQUEUE",
+                "--queue-num",
+                "0",
+                "--queue-bypass",
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The time a TCP connection from host `from` to host `to`'s sshd
+    /// takes to open (one round trip), measured from inside `from`.
+    ///
+    /// # Errors
+    /// The namespace could not be entered or the connection failed.
+    pub fn round_trip(&self, from: usize, to: usize) -> Result<Duration, String> {
+        let ns = self.names[from].clone();
+        let address: std::net::IpAddr = self.addresses[to]
+            .parse()
+            .map_err(|e| format!("{}: {e}", self.addresses[to]))?;
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(format!("/run/netns/{ns}"))
+                .map_err(|e| format!("cannot open namespace {ns}: {e}"))?;
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("cannot enter namespace {ns}: {e}"))?;
+            let started = Instant::now();
+            std::net::TcpStream::connect_timeout(&(address, 22).into(), Duration::from_secs(5))
+                .map_err(|e| format!("cannot connect to {address}:22 from {ns}: {e}"))?;
+            Ok(started.elapsed())
+        })
+        .join()
+        .map_err(|_| "the measuring thread panicked".to_owned())?
+    }
+
     /// Stops host `i`'s sshd: ssh to it is refused.
     pub fn stop_sshd(&mut self, i: usize) {
         if let Some(mut child) = self.sshd.get_mut(i).and_then(Option::take) {
@@ -322,6 +479,7 @@ impl Network {
 
 impl Drop for Network {
     fn drop(&mut self) {
+        self.delays.clear();
         for i in 0..self.sshd.len() {
             self.stop_sshd(i);
         }

@@ -13,8 +13,14 @@ pub fn test() -> Result<(), String> {
     let started = Instant::now();
     setup::run()?;
     // The multi-host tests' hosts: network namespaces running sshd, with
-    // faults from tc and nftables.
-    setup::install_debian_packages(&["openssh-server", "openssh-client", "iproute2", "nftables"])?;
+    // faults from tc, nftables and an iptables NFQUEUE rule (delay).
+    setup::install_debian_packages(&[
+        "openssh-server",
+        "openssh-client",
+        "iproute2",
+        "nftables",
+        "iptables",
+    ])?;
     cmd::run(cmd::cargo(&["fmt", "--all", "--check"]))?;
     cmd::run(cmd::cargo(&[
         "clippy",
