@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx::{Array, Stream};
-use safemlx_dist::nn::{ExpertParallelMoe, ShardedAttention, SwiGluMlp};
+use safemlx_dist::nn::{Moe, MoeConfig, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{all_max, all_sum, init, CollectiveProfile, Group, Ragged, ShardedArray};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, dense, flag, weights};
 
@@ -109,6 +109,7 @@ impl Inputs {
             _ => vec![
                 weights(&[d, c.experts], 1, 1.0),
                 weights(&[c.experts, d, h], 2, scale),
+                weights(&[c.experts, d, h], 5, scale),
                 weights(&[c.experts, h, d], 3, 1.0 / (h as f32).sqrt()),
             ],
         };
@@ -157,12 +158,13 @@ fn sharded_step<'a>(
             })
         }
         _ => {
-            let moe = ExpertParallelMoe::from_full(
+            let moe = Moe::from_full(
                 group,
-                c.top_k,
+                MoeConfig::new(c.top_k),
                 w[0].clone(),
                 w[1].clone(),
                 w[2].clone(),
+                w[3].clone(),
                 s,
             )
             .map_err(err)?;
@@ -180,7 +182,7 @@ fn sharded_step<'a>(
             let x = ShardedArray::<Ragged>::from_local(mine, group, &[per_rank, c.d_model])
                 .map_err(err)?;
             Box::new(move || {
-                safemlx_dist::eval(&[moe.forward(&x, s).map_err(err)?.tokens.local()])
+                safemlx_dist::eval(&[moe.forward_rows(&x, s).map_err(err)?.tokens.local()])
                     .map_err(err)?;
                 Ok(())
             })
@@ -195,7 +197,7 @@ fn dense_step<'a>(c: &'a Config, inputs: &'a Inputs, s: &'a Stream) -> Step<'a> 
         let y = match c.layer.as_str() {
             "mlp" => dense::swiglu(x, &w[0], &w[1], &w[2], s)?,
             "attention" => dense::attention(x, &w[0], &w[1], c.heads, s)?,
-            _ => dense::moe(x, &w[0], &w[1], &w[2], c.top_k, s)?,
+            _ => dense::moe(x, &w[0], (&w[1], &w[2], &w[3]), c.top_k, s)?,
         };
         safemlx_dist::eval(&[&y]).map_err(err)?;
         Ok(())

@@ -78,14 +78,13 @@ fn rows(indices: &[usize]) -> Array {
 }
 
 /// A mixture of experts on one process: softmax router `[D, E]`, each
-/// token's `top_k` experts with renormalised gates, experts
-/// `silu(x w1_e) w2_e` (`w1` `[E, D, H]`, `w2` `[E, H, D]`), each expert
-/// run once on the tokens that chose it.
+/// token's `top_k` experts with renormalised gates, SwiGLU experts
+/// `down_e(silu(x gate_e) * (x up_e))` (`gate`, `up` `[E, D, H]`, `down`
+/// `[E, H, D]`), each expert run once on the tokens that chose it.
 pub fn moe(
     x: &Array,
     router: &Array,
-    w1: &Array,
-    w2: &Array,
+    (gate, up, down): (&Array, &Array, &Array),
     top_k: usize,
     s: &Stream,
 ) -> Result<Array, String> {
@@ -111,17 +110,20 @@ pub fn moe(
             gates[token * top_k + j] = row[c] / norm;
         }
     }
-    let w1s = w1.split(e as i32, 0, s).map_err(err)?;
-    let w2s = w2.split(e as i32, 0, s).map_err(err)?;
+    let split = |w: &Array| -> Result<Vec<Array>, String> {
+        w.split(e as i32, 0, s)
+            .map_err(err)?
+            .iter()
+            .map(|part| part.reshape(&w.shape()[1..], s).map_err(err))
+            .collect()
+    };
+    let (gates_w, ups, downs) = (split(gate)?, split(up)?, split(down)?);
     let mut outputs = Vec::new();
     let mut placed = Vec::new();
     for (c, slots) in chosen.iter().enumerate().filter(|(_, v)| !v.is_empty()) {
         let tokens: Vec<usize> = slots.iter().map(|slot| slot / top_k).collect();
         let inputs = x.take_axis(rows(&tokens), 0, s).map_err(err)?;
-        let w1c = w1s[c].reshape(&w1.shape()[1..], s).map_err(err)?;
-        let w2c = w2s[c].reshape(&w2.shape()[1..], s).map_err(err)?;
-        let hidden = silu(&inputs.matmul(&w1c, s).map_err(err)?, s)?;
-        outputs.push(hidden.matmul(&w2c, s).map_err(err)?);
+        outputs.push(swiglu(&inputs, &gates_w[c], &ups[c], &downs[c], s)?);
         placed.extend_from_slice(slots);
     }
     let all = safemlx::ops::concatenate_axis(&outputs, 0, s).map_err(err)?;

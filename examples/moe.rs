@@ -1,5 +1,5 @@
-//! The expert-parallel MoE on N ranks (experts split across ranks, top-2
-//! routing), loaded from a safetensors checkpoint (each rank reads only
+//! The expert-parallel MoE on N ranks (SwiGLU experts split across ranks
+//! by the chunk rule, top-2 routing), loaded from a safetensors checkpoint (each rank reads only
 //! its experts): per-rank routing counts, bytes read, timing, tokens/s, the
 //! load-balancing loss, and with `--check` the error against a dense MoE
 //! of the same weights.
@@ -10,11 +10,13 @@
 //! ```
 //!
 //! Without `--checkpoint`, rank 0 writes a random one (tensors
-//! `moe.router` `[D, E]`, `moe.w1` `[E, D, H]`, `moe.w2` `[E, H, D]`).
+//! `moe.router` `[D, E]`, `moe.gate`, `moe.up` `[E, D, H]`, `moe.down`
+//! `[E, H, D]`).
 
 use std::process::ExitCode;
 
-use safemlx_dist::nn::ExpertParallelMoe;
+use safemlx_dist::nn::{Moe, MoeConfig};
+use safemlx_dist::typed::chunk;
 use safemlx_dist::{init, Ragged, ShardedArray};
 use safemlx_dist_examples::{
     backend_from_args, check_requested, checkpoint, cpu_stream, dense, flag, report_check,
@@ -45,18 +47,23 @@ fn run() -> Result<(), String> {
             vec![
                 (format!("{prefix}router"), weights(&[DIM, EXPERTS], 1, 0.5)),
                 (
-                    format!("{prefix}w1"),
+                    format!("{prefix}gate"),
                     weights(&[EXPERTS, DIM, HIDDEN], 2, 0.05),
                 ),
                 (
-                    format!("{prefix}w2"),
+                    format!("{prefix}up"),
+                    weights(&[EXPERTS, DIM, HIDDEN], 4, 0.05),
+                ),
+                (
+                    format!("{prefix}down"),
                     weights(&[EXPERTS, HIDDEN, DIM], 3, 0.05),
                 ),
             ]
         },
         &s,
     )?;
-    let moe = ExpertParallelMoe::from_checkpoint(&group, TOP_K, &file, &prefix, &s).map_err(err)?;
+    let moe =
+        Moe::from_checkpoint(&group, MoeConfig::new(TOP_K), &file, &prefix, &s).map_err(err)?;
     let router = file
         .info(&format!("{prefix}router"))
         .map_err(err)?
@@ -69,7 +76,7 @@ fn run() -> Result<(), String> {
         ShardedArray::<Ragged>::from_local(x.clone(), &group, &[TOKENS, dim]).map_err(err)?;
     let mut last = None;
     let seconds = time_steps(5, || {
-        let out = moe.forward(&tokens, &s).map_err(err)?;
+        let out = moe.forward_rows(&tokens, &s).map_err(err)?;
         safemlx_dist::eval(&[out.tokens.local()]).map_err(err)?;
         last = Some(out);
         Ok(())
@@ -77,7 +84,7 @@ fn run() -> Result<(), String> {
     let out = last.ok_or("no forward ran")?;
     println!(
         "rank {rank}/{n}: {} experts here of {experts} ({} KiB read); sent {:?}, received {:?}; {:.2} ms, {:.0} tokens/s; aux loss {:.3}",
-        experts / n,
+        chunk(experts, rank, n).1,
         file.bytes_read() / 1024,
         out.sent,
         out.received,
@@ -87,7 +94,8 @@ fn run() -> Result<(), String> {
     );
     if check_requested() {
         let read = |name: &str| file.read(&format!("{prefix}{name}"), &s).map_err(err);
-        let want = dense::moe(&x, &read("router")?, &read("w1")?, &read("w2")?, TOP_K, &s)?;
+        let experts = (&read("gate")?, &read("up")?, &read("down")?);
+        let want = dense::moe(&x, &read("router")?, experts, TOP_K, &s)?;
         report_check(&format!("rank {rank}/{n}"), out.tokens.local(), &want)?;
     }
     save_requested(&group, &prefix, || moe.gather_full(&s), &s)

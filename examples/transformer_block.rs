@@ -52,8 +52,9 @@ fn random_block(moe: bool) -> Vec<(String, Array)> {
     ];
     if moe {
         w.push(("moe.router", weights(&[DIM, EXPERTS], 8, 0.5)));
-        w.push(("moe.w1", weights(&[EXPERTS, DIM, HIDDEN], 9, 0.1)));
-        w.push(("moe.w2", weights(&[EXPERTS, HIDDEN, DIM], 10, 0.1)));
+        w.push(("moe.gate", weights(&[EXPERTS, DIM, HIDDEN], 9, 0.1)));
+        w.push(("moe.up", weights(&[EXPERTS, DIM, HIDDEN], 11, 0.1)));
+        w.push(("moe.down", weights(&[EXPERTS, HIDDEN, DIM], 10, 0.1)));
     } else {
         w.push(("mlp.gate", weights(&[DIM, HIDDEN], 3, 0.1)));
         w.push(("mlp.up", weights(&[DIM, HIDDEN], 4, 0.1)));
@@ -86,8 +87,7 @@ fn dense_block(
         dense::moe(
             &normed,
             &w("moe.router")?,
-            &w("moe.w1")?,
-            &w("moe.w2")?,
+            (&w("moe.gate")?, &w("moe.up")?, &w("moe.down")?),
             TOP_K,
             s,
         )?

@@ -39,44 +39,145 @@ pub fn max_relative_error(got: &[f32], want: &[f32]) -> f32 {
         / scale
 }
 
-/// The dense MoE of one token `x` `[d]`: softmax router `[d, e]`, top-`k`
-/// experts with renormalised gates, experts `silu(x w1_e) w2_e` with `w1`
-/// `[e, d, h]` and `w2` `[e, h, d]`. `keep(expert)` says whether a capacity
-/// limit lets the slot through (asked in slot order, like the layer).
-pub fn moe_token(
-    x: &[f32],
-    router: &[f32],
-    w1: &[f32],
-    w2: &[f32],
-    (e, d, h): (usize, usize, usize),
-    k: usize,
-    keep: &mut dyn FnMut(usize) -> bool,
-) -> Vec<f32> {
-    let logits: Vec<f32> = (0..e)
-        .map(|c| (0..d).map(|i| x[i] * router[i * e + c]).sum())
+/// How a dense MoE gates its chosen experts (mirrors
+/// `safemlx_dist::nn::Gating`, written out here on plain floats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenseGating {
+    /// Softmax over all experts, the top `k`, optionally renormalised.
+    SoftmaxTopK {
+        /// Rescale the `k` gates to sum to 1.
+        normalize: bool,
+    },
+    /// The top `k` logits, then a softmax over them.
+    TopKSoftmax,
+}
+
+/// A dense MoE on host floats: router `[d, e]`, SwiGLU experts `gate`,
+/// `up` `[e, d, h]` and `down` `[e, h, d]`, optional shared SwiGLU experts
+/// (`[d, hs]`, `[d, hs]`, `[hs, d]`) scaled by `sigmoid(x g)` when `g`
+/// `[d]` is given.
+#[derive(Debug, Clone)]
+pub struct DenseMoe {
+    /// `[d, e]`.
+    pub router: Vec<f32>,
+    /// `[e, d, h]`.
+    pub gate: Vec<f32>,
+    /// `[e, d, h]`.
+    pub up: Vec<f32>,
+    /// `[e, h, d]`.
+    pub down: Vec<f32>,
+    /// `(e, d, h)`.
+    pub dims: (usize, usize, usize),
+    /// Experts per token.
+    pub k: usize,
+    /// The gating.
+    pub gating: DenseGating,
+    /// A factor on the routed gates.
+    pub scaling: f32,
+    /// Shared experts.
+    pub shared: Option<DenseShared>,
+}
+
+/// Dense shared experts: a SwiGLU MLP of hidden `hidden` (`gate`, `up`
+/// `[d, hidden]`, `down` `[hidden, d]`), scaled by `sigmoid(x g)` when
+/// `g` `[d]` is given.
+#[derive(Debug, Clone)]
+pub struct DenseShared {
+    /// `[d, hidden]`.
+    pub gate: Vec<f32>,
+    /// `[d, hidden]`.
+    pub up: Vec<f32>,
+    /// `[hidden, d]`.
+    pub down: Vec<f32>,
+    /// The hidden width.
+    pub hidden: usize,
+    /// `[d]`, the optional gate.
+    pub g: Option<Vec<f32>>,
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+/// `down(silu(x gate) * (x up))` for one token, `gate`/`up` `[d, h]`,
+/// `down` `[h, d]`.
+fn swiglu_token(x: &[f32], gate: &[f32], up: &[f32], down: &[f32], h: usize) -> Vec<f32> {
+    let d = x.len();
+    let hidden: Vec<f32> = (0..h)
+        .map(|j| {
+            let g: f32 = (0..d).map(|i| x[i] * gate[i * h + j]).sum();
+            let u: f32 = (0..d).map(|i| x[i] * up[i * h + j]).sum();
+            silu(g) * u
+        })
         .collect();
-    let max = logits.iter().cloned().fold(f32::MIN, f32::max);
-    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-    let total: f32 = exp.iter().sum();
-    let p: Vec<f32> = exp.iter().map(|v| v / total).collect();
-    let mut order: Vec<usize> = (0..e).collect();
-    order.sort_by(|a, b| p[*b].total_cmp(&p[*a]).then(a.cmp(b)));
-    let norm: f32 = order[..k].iter().map(|&c| p[c]).sum();
-    let mut y = vec![0f32; d];
-    for &c in &order[..k] {
-        if !keep(c) {
-            continue;
-        }
-        let hidden: Vec<f32> = (0..h)
-            .map(|j| {
-                let v: f32 = (0..d).map(|i| x[i] * w1[c * d * h + i * h + j]).sum();
-                v / (1.0 + (-v).exp())
-            })
-            .collect();
-        for (o, out) in y.iter_mut().enumerate() {
-            let v: f32 = (0..h).map(|j| hidden[j] * w2[c * h * d + j * d + o]).sum();
-            *out += p[c] / norm * v;
-        }
+    (0..d)
+        .map(|o| (0..h).map(|j| hidden[j] * down[j * d + o]).sum())
+        .collect()
+}
+
+impl DenseMoe {
+    /// The router logits of token `x`.
+    pub fn logits(&self, x: &[f32]) -> Vec<f32> {
+        let (e, d, _) = self.dims;
+        (0..e)
+            .map(|c| (0..d).map(|i| x[i] * self.router[i * e + c]).sum())
+            .collect()
     }
-    y
+
+    /// The layer on one token `x` `[d]`. `keep(expert)` says whether a
+    /// capacity limit lets the slot through (asked in token order).
+    pub fn token(&self, x: &[f32], keep: &mut dyn FnMut(usize) -> bool) -> Vec<f32> {
+        let (e, d, h) = self.dims;
+        let logits = self.logits(x);
+        let softmax = |v: &[f32]| -> Vec<f32> {
+            let max = v.iter().cloned().fold(f32::MIN, f32::max);
+            let exp: Vec<f32> = v.iter().map(|l| (l - max).exp()).collect();
+            let total: f32 = exp.iter().sum();
+            exp.iter().map(|v| v / total).collect()
+        };
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+        let chosen = &order[..self.k];
+        let gates: Vec<f32> = match self.gating {
+            DenseGating::SoftmaxTopK { normalize } => {
+                let p = softmax(&logits);
+                let norm: f32 = if normalize {
+                    chosen.iter().map(|&c| p[c]).sum()
+                } else {
+                    1.0
+                };
+                chosen.iter().map(|&c| p[c] / norm).collect()
+            }
+            DenseGating::TopKSoftmax => {
+                softmax(&chosen.iter().map(|&c| logits[c]).collect::<Vec<_>>())
+            }
+        };
+        let mut y = vec![0f32; d];
+        for (&c, gate) in chosen.iter().zip(&gates) {
+            if !keep(c) {
+                continue;
+            }
+            let out = swiglu_token(
+                x,
+                &self.gate[c * d * h..(c + 1) * d * h],
+                &self.up[c * d * h..(c + 1) * d * h],
+                &self.down[c * h * d..(c + 1) * h * d],
+                h,
+            );
+            for (o, v) in y.iter_mut().zip(out) {
+                *o += self.scaling * gate * v;
+            }
+        }
+        if let Some(sh) = &self.shared {
+            let out = swiglu_token(x, &sh.gate, &sh.up, &sh.down, sh.hidden);
+            let scale = sh.g.as_ref().map_or(1.0, |g| {
+                let v: f32 = x.iter().zip(g).map(|(a, b)| a * b).sum();
+                1.0 / (1.0 + (-v).exp())
+            });
+            for (o, v) in y.iter_mut().zip(out) {
+                *o += scale * v;
+            }
+        }
+        y
+    }
 }

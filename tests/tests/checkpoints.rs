@@ -266,8 +266,9 @@ fn block_weights(moe: bool) -> Vec<(String, Array)> {
     ];
     if moe {
         w.push(("moe.router", random(&mut rng, &[d, e], 0.3)));
-        w.push(("moe.w1", random(&mut rng, &[e, d, h], 0.05)));
-        w.push(("moe.w2", random(&mut rng, &[e, h, d], 0.05)));
+        w.push(("moe.gate", random(&mut rng, &[e, d, h], 0.05)));
+        w.push(("moe.up", random(&mut rng, &[e, d, h], 0.05)));
+        w.push(("moe.down", random(&mut rng, &[e, h, d], 0.05)));
     } else {
         w.push(("mlp.gate", random(&mut rng, &[d, h], 0.05)));
         w.push(("mlp.up", random(&mut rng, &[d, h], 0.05)));
@@ -308,7 +309,10 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
         + whole("layers.0.attention_norm")
         + whole("layers.0.feed_forward_norm");
     want += if moe {
-        whole("layers.0.moe.router") + share("layers.0.moe.w1") + share("layers.0.moe.w2")
+        whole("layers.0.moe.router")
+            + share("layers.0.moe.gate")
+            + share("layers.0.moe.up")
+            + share("layers.0.moe.down")
     } else {
         share("layers.0.mlp.gate") + share("layers.0.mlp.up") + share("layers.0.mlp.down")
     };
@@ -331,12 +335,13 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
         .unwrap();
         let feed_forward = if moe {
             safemlx_dist::nn::FeedForward::Moe(
-                safemlx_dist::nn::ExpertParallelMoe::from_full(
+                safemlx_dist::nn::Moe::from_full(
                     group,
-                    2,
+                    safemlx_dist::nn::MoeConfig::new(2),
                     w("moe.router"),
-                    w("moe.w1"),
-                    w("moe.w2"),
+                    w("moe.gate"),
+                    w("moe.up"),
+                    w("moe.down"),
                     &s,
                 )
                 .unwrap(),

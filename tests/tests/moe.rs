@@ -1,19 +1,52 @@
-//! The expert-parallel MoE between real processes against a dense
-//! single-process MoE on the same weights: balanced and skewed routing
-//! (every token to one expert, so some ranks receive nothing), top-1 and
-//! top-2, uneven token counts per rank, at 1, 2, 3 and 4 ranks (12 experts).
+//! The MoE layer between real processes against a dense single-process MoE
+//! on the same weights, at 1, 2, 3 and 4 ranks: both expert placements
+//! (expert parallel, expert tensor parallel), the gatings of Mixtral and
+//! Qwen (renormalised or not), a routed scaling factor, shared experts
+//! with their gate, top-1, top-2, top-k = E and top-8 of 64, uneven expert
+//! splits (10 experts over 3 and 4 ranks; 3 experts over 4 ranks, so a rank
+//! holds none), skewed routing (every token to one expert, so other ranks
+//! receive nothing), a capacity factor (dropped counts must match),
+//! grouped matmuls against the per-expert loop, one token (ranks with no
+//! rows), and the balancing and z losses.
 
 use safemlx::Array;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::ExpertParallelMoe;
+use safemlx_dist::nn::{ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp};
 use safemlx_dist::{Group, Ragged, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error, moe_token};
+use safemlx_dist_tests::dense::{host, max_relative_error, DenseGating, DenseMoe, DenseShared};
 use safemlx_dist_tests::typed::Rng;
 
-const E: usize = 12;
 const D: usize = 4;
 const H: usize = 6;
+const SHARED_H: usize = 5;
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    experts: usize,
+    k: usize,
+    gating: Gating,
+    scaling: f32,
+    skewed: bool,
+    shared: bool,
+    capacity: Option<f32>,
+    per_expert_loop: bool,
+}
+
+impl Case {
+    fn new(experts: usize, k: usize) -> Self {
+        Self {
+            experts,
+            k,
+            gating: Gating::SoftmaxTopK { normalize: true },
+            scaling: 1.0,
+            skewed: false,
+            shared: false,
+            capacity: None,
+            per_expert_loop: false,
+        }
+    }
+}
 
 fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
     rng.values(len)
@@ -22,104 +55,174 @@ fn values(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-fn check(group: &Group, k: usize, skewed: bool, capacity: Option<f32>) {
-    let s = cpu();
-    let (rank, n) = (group.rank(), group.size());
-    let mut rng = Rng::new(41);
-    // Continuous router weights: no two experts tie on a token, so the
-    // top-k choice cannot hang on a rounding difference.
-    let mut router: Vec<f32> = (0..D * E)
-        .map(|_| rng.range(0, 1_000_000) as f32 / 1_000_000.0 - 0.5)
-        .collect();
-    if skewed {
-        // A large weight towards the last expert: every token picks it first.
-        // The other experts get clearly different scores, so the second
-        // choice never hangs on a rounding difference.
+/// Continuous values in `[-scale, scale)`: no two router scores tie, so
+/// the top-k choice never hangs on a rounding difference.
+fn continuous(rng: &mut Rng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len)
+        .map(|_| (rng.range(0, 1_000_000) as f32 / 500_000.0 - 1.0) * scale)
+        .collect()
+}
+
+/// The case's weights, as the dense reference holds them.
+fn dense(case: &Case) -> DenseMoe {
+    let e = case.experts;
+    let mut rng = Rng::new(41 + e as u64);
+    let mut router = continuous(&mut rng, D * e, 0.5);
+    if case.skewed {
+        // Every token (all positive) picks the last expert first, then
+        // clearly ordered others.
         for i in 0..D {
-            for e in 0..E - 1 {
-                router[i * E + e] = 0.5 * e as f32;
+            for c in 0..e - 1 {
+                router[i * e + c] = 0.37 * c as f32 + 0.01 * i as f32;
             }
-            router[i * E + E - 1] = 8.0;
+            router[i * e + e - 1] = 8.0;
         }
     }
-    let (w1, w2) = (
-        values(&mut rng, E * D * H, 0.1),
-        values(&mut rng, E * H * D, 0.1),
-    );
-    // Rank q has 3 + q tokens, all positive in the skewed case.
-    let tokens: Vec<Vec<f32>> = (0..n)
-        .map(|q| {
-            values(&mut rng, (3 + q) * D, 0.1)
-                .into_iter()
-                .map(|v| if skewed { v.abs() + 0.1 } else { v })
-                .collect()
-        })
-        .collect();
-    let mine = &tokens[rank];
-    let t = mine.len() / D;
+    let gate = values(&mut rng, e * D * H, 0.1);
+    let up = values(&mut rng, e * D * H, 0.1);
+    let down = values(&mut rng, e * H * D, 0.1);
+    let shared = case.shared.then(|| DenseShared {
+        gate: values(&mut rng, D * SHARED_H, 0.1),
+        up: values(&mut rng, D * SHARED_H, 0.1),
+        down: values(&mut rng, SHARED_H * D, 0.1),
+        hidden: SHARED_H,
+        g: Some(values(&mut rng, D, 0.2)),
+    });
+    DenseMoe {
+        router,
+        gate,
+        up,
+        down,
+        dims: (e, D, H),
+        k: case.k,
+        gating: match case.gating {
+            Gating::SoftmaxTopK { normalize } => DenseGating::SoftmaxTopK { normalize },
+            Gating::TopKSoftmax => DenseGating::TopKSoftmax,
+        },
+        scaling: case.scaling,
+        shared,
+    }
+}
 
-    let moe = ExpertParallelMoe::from_full(
+fn layer(group: &Group, case: &Case, placement: ExpertPlacement, w: &DenseMoe) -> Moe {
+    let s = cpu();
+    let e = case.experts as i32;
+    let (d, h) = (D as i32, H as i32);
+    let mut config = MoeConfig::new(case.k)
+        .with_gating(case.gating)
+        .with_routed_scaling(case.scaling)
+        .with_placement(placement);
+    if let Some(f) = case.capacity {
+        config = config.with_capacity_factor(f);
+    }
+    if case.per_expert_loop {
+        config = config.with_per_expert_loop();
+    }
+    let moe = Moe::from_full(
         group,
-        k,
-        Array::from_slice(&router, &[D as i32, E as i32]),
-        Array::from_slice(&w1, &[E as i32, D as i32, H as i32]),
-        Array::from_slice(&w2, &[E as i32, H as i32, D as i32]),
+        config,
+        Array::from_slice(&w.router, &[d, e]),
+        Array::from_slice(&w.gate, &[e, d, h]),
+        Array::from_slice(&w.up, &[e, d, h]),
+        Array::from_slice(&w.down, &[e, h, d]),
         &s,
     )
     .expect("moe");
-    let moe = match capacity {
-        Some(f) => moe.with_capacity_factor(f),
+    match &w.shared {
         None => moe,
-    };
+        Some(sh) => {
+            let hs = sh.hidden as i32;
+            let mlp = SwiGluMlp::from_full(
+                group,
+                Array::from_slice(&sh.gate, &[d, hs]),
+                Array::from_slice(&sh.up, &[d, hs]),
+                Array::from_slice(&sh.down, &[hs, d]),
+                &s,
+            )
+            .expect("shared experts");
+            moe.with_shared(SharedExperts {
+                mlp,
+                gate: sh
+                    .g
+                    .as_ref()
+                    .map(|g| ShardedArray::replicated(Array::from_slice(g, &[d, 1]), group)),
+            })
+        }
+    }
+}
+
+/// A capacity limit as the layer applies it to `t` tokens' `t * k` slots.
+fn keeper(case: &Case, t: usize) -> impl FnMut(usize) -> bool {
+    let cap = case
+        .capacity
+        .map(|f| (f * (t * case.k) as f32 / case.experts as f32).ceil() as usize);
+    let mut used = vec![0usize; case.experts];
+    move |e| match cap {
+        Some(cap) if used[e] >= cap => false,
+        _ => {
+            used[e] += 1;
+            true
+        }
+    }
+}
+
+fn tokens(rng: &mut Rng, t: usize, skewed: bool) -> Vec<f32> {
+    values(rng, t * D, 0.1)
+        .into_iter()
+        .map(|v| if skewed { v.abs() + 0.1 } else { v })
+        .collect()
+}
+
+/// Expert parallel on each rank's own tokens (rank q has 3 + q).
+fn check_rows(group: &Group, case: Case) {
+    let s = cpu();
+    let (rank, n) = (group.rank(), group.size());
+    let w = dense(&case);
+    let moe = layer(group, &case, ExpertPlacement::ExpertParallel, &w);
+    let mut rng = Rng::new(7);
+    let all: Vec<Vec<f32>> = (0..n)
+        .map(|q| tokens(&mut rng, 3 + q, case.skewed))
+        .collect();
+    let mine = &all[rank];
+    let t = mine.len() / D;
     let x = ShardedArray::<Ragged>::from_local(
         Array::from_slice(mine, &[t as i32, D as i32]),
         group,
         &[t as i32, D as i32],
     )
     .expect("tokens");
-    let out = moe.forward(&x, &s).expect("forward");
-    let got = host(out.tokens.local(), &s);
-    let cap = capacity.map(|f| (f * (t * k) as f32 / E as f32).ceil() as usize);
-    let mut used = [0usize; E];
+    let out = moe.forward_rows(&x, &s).expect("forward");
+    let mut keep = keeper(&case, t);
     let mut dropped = 0;
-    let mut keep = |e: usize| match cap {
-        Some(cap) if used[e] >= cap => {
-            dropped += 1;
-            false
-        }
-        _ => {
-            used[e] += 1;
-            true
-        }
+    let mut counting = |e: usize| {
+        let kept = keep(e);
+        dropped += usize::from(!kept);
+        kept
     };
     let want: Vec<f32> = mine
         .chunks(D)
-        .flat_map(|tok| moe_token(tok, &router, &w1, &w2, (E, D, H), k, &mut keep))
+        .flat_map(|tok| w.token(tok, &mut counting))
         .collect();
-    assert_eq!(
-        out.dropped, dropped,
-        "dropped slots (k {k}, skewed {skewed})"
-    );
-    let err = max_relative_error(&got, &want);
-    assert!(err <= 1e-4, "k {k}, skewed {skewed}: relative error {err}");
+    let err = max_relative_error(&host(out.tokens.local(), &s), &want);
+    assert!(err <= 1e-4, "{case:?} at {n} ranks: relative error {err}");
+    assert_eq!(out.dropped, dropped, "{case:?}: dropped slots");
     assert_eq!(
         out.sent.iter().sum::<usize>(),
-        t * k - dropped,
-        "every kept slot is sent (all of them without a capacity)"
+        t * case.k - dropped,
+        "{case:?}: every kept slot is sent"
     );
-    if capacity.is_none() {
+    if case.capacity.is_none() {
         assert_eq!(dropped, 0, "dropless");
     }
-    if skewed && n > 1 && capacity.is_none() {
-        // All first choices go to the last expert, on the last rank.
-        let first_rank_experts = E / n;
-        if rank < n - 1 && k == 1 && first_rank_experts < E {
-            assert_eq!(
-                out.received.iter().sum::<usize>(),
-                0,
-                "rank {rank} receives nothing"
-            );
-        }
+    if case.skewed && case.k == 1 && case.capacity.is_none() && n > 1 && rank < n - 1 {
+        // Every token goes to the last expert, on the last rank.
+        assert_eq!(
+            out.received.iter().sum::<usize>(),
+            0,
+            "rank {rank} receives nothing"
+        );
+    }
+    if case.skewed {
         assert!(
             out.aux_loss > 1.5,
             "a skewed router has a large balancing loss: {}",
@@ -128,18 +231,139 @@ fn check(group: &Group, k: usize, skewed: bool, capacity: Option<f32>) {
     }
 }
 
-fn all_cases(group: &Group) {
-    for k in [1, 2] {
-        for skewed in [false, true] {
-            check(group, k, skewed, None);
-            // A tight capacity drops slots, most of all with skewed routing.
-            check(group, k, skewed, Some(0.5));
+/// Both placements on replicated tokens `[t, D]`, against the dense layer
+/// over all of them, with the balancing and z losses.
+fn check_replicated(group: &Group, case: Case, placement: ExpertPlacement, t: usize) {
+    let s = cpu();
+    let n = group.size();
+    let w = dense(&case);
+    let moe = layer(group, &case, placement, &w);
+    let mut rng = Rng::new(9);
+    let all = tokens(&mut rng, t, case.skewed);
+    let x = ShardedArray::replicated(Array::from_slice(&all, &[t as i32, D as i32]), group);
+    let out = moe.forward(&x, &s).expect("forward");
+    let mut keep = keeper(&case, t);
+    let want: Vec<f32> = all
+        .chunks(D)
+        .flat_map(|tok| w.token(tok, &mut keep))
+        .collect();
+    let err = max_relative_error(&host(out.tokens.local(), &s), &want);
+    let what = format!("{case:?}, {}, {t} tokens, {n} ranks", placement.as_str());
+    assert!(err <= 1e-4, "{what}: relative error {err}");
+
+    // The losses over all tokens.
+    let e = case.experts;
+    let (mut chosen, mut probs, mut z) = (vec![0f32; e], vec![0f32; e], 0f32);
+    for tok in all.chunks(D) {
+        let logits = w.logits(tok);
+        let max = logits.iter().cloned().fold(f32::MIN, f32::max);
+        let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+        let lse = max + sum.ln();
+        z += lse * lse;
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
+        for &c in &order[..case.k] {
+            chosen[c] += 1.0;
+        }
+        for c in 0..e {
+            probs[c] += (logits[c] - lse).exp();
         }
     }
+    let tf = t as f32;
+    let aux: f32 = (0..e)
+        .map(|c| chosen[c] / (tf * case.k as f32) * probs[c] / tf)
+        .sum::<f32>()
+        * e as f32;
+    assert!(
+        (out.aux_loss - aux).abs() <= 1e-4 * aux.max(1.0),
+        "{what}: balancing loss {} vs {aux}",
+        out.aux_loss
+    );
+    assert!(
+        (out.z_loss - z / tf).abs() <= 1e-4 * (z / tf).max(1.0),
+        "{what}: z-loss {} vs {}",
+        out.z_loss,
+        z / tf
+    );
+}
+
+fn all_cases(group: &Group) {
+    let mixtral = Gating::TopKSoftmax;
+    let qwen2 = Gating::SoftmaxTopK { normalize: false };
+    for k in [1, 2] {
+        for skewed in [false, true] {
+            let case = Case {
+                skewed,
+                ..Case::new(10, k)
+            };
+            check_rows(group, case);
+            // A tight capacity drops slots, most of all when skewed.
+            check_rows(
+                group,
+                Case {
+                    capacity: Some(0.5),
+                    ..case
+                },
+            );
+        }
+    }
+    check_rows(group, Case::new(10, 10)); // top-k = E
+    check_rows(group, Case::new(3, 2)); // fewer experts than ranks at 4
+    check_rows(
+        group,
+        Case {
+            per_expert_loop: true,
+            ..Case::new(10, 2)
+        },
+    );
+    for placement in [
+        ExpertPlacement::ExpertParallel,
+        ExpertPlacement::ExpertTensorParallel,
+    ] {
+        let cases = [
+            Case::new(10, 2),
+            Case {
+                gating: mixtral,
+                ..Case::new(10, 2)
+            },
+            Case {
+                gating: qwen2,
+                scaling: 2.5,
+                shared: true,
+                ..Case::new(10, 4)
+            },
+            Case {
+                skewed: true,
+                ..Case::new(3, 1)
+            },
+            Case {
+                per_expert_loop: true,
+                shared: true,
+                ..Case::new(10, 3)
+            },
+        ];
+        for case in cases {
+            check_replicated(group, case, placement, 7);
+        }
+        // One token: with experts split, most ranks route no rows.
+        check_replicated(group, Case::new(10, 2), placement, 1);
+    }
+    // Expert tensor parallel routes all tokens on every rank, so its
+    // capacity limit is over all of them.
+    check_replicated(
+        group,
+        Case {
+            capacity: Some(0.5),
+            skewed: true,
+            ..Case::new(10, 2)
+        },
+        ExpertPlacement::ExpertTensorParallel,
+        7,
+    );
 }
 
 #[test]
-fn expert_parallel_moe_matches_dense_at_1_to_4_ranks() {
+fn moe_matches_dense_at_1_to_4_ranks() {
     for ranks in [1, 2, 3, 4] {
         Ranks::new(ranks)
             .run_test(all_cases)
@@ -147,23 +371,56 @@ fn expert_parallel_moe_matches_dense_at_1_to_4_ranks() {
     }
 }
 
+/// Qwen3-MoE's shape of routing: 8 of 64 experts.
 #[test]
-fn experts_must_split_evenly() {
+fn top_8_of_64_experts_matches_dense() {
+    for ranks in [2, 4] {
+        Ranks::new(ranks)
+            .run_test(|group| {
+                let case = Case::new(64, 8);
+                check_rows(group, case);
+                for placement in [
+                    ExpertPlacement::ExpertParallel,
+                    ExpertPlacement::ExpertTensorParallel,
+                ] {
+                    check_replicated(group, case, placement, 5);
+                }
+            })
+            .unwrap_or_else(|e| panic!("{ranks} ranks: {e}"));
+    }
+}
+
+#[test]
+fn bad_routing_settings_are_named() {
     Ranks::new(2)
         .run_test(|group| {
             let s = cpu();
-            let error = ExpertParallelMoe::from_full(
-                group,
-                1,
-                Array::from_slice(&[0f32; 3 * 4], &[4, 3]),
-                Array::from_slice(&[0f32; 3 * 4 * 2], &[3, 4, 2]),
-                Array::from_slice(&[0f32; 3 * 2 * 4], &[3, 2, 4]),
-                &s,
-            )
-            .expect_err("3 experts over 2 ranks");
+            let zeros = |shape: &[i32]| {
+                Array::from_slice(&vec![0f32; shape.iter().product::<i32>() as usize], shape)
+            };
+            let build = |config: MoeConfig| {
+                Moe::from_full(
+                    group,
+                    config,
+                    zeros(&[4, 3]),
+                    zeros(&[3, 4, 2]),
+                    zeros(&[3, 4, 2]),
+                    zeros(&[3, 2, 4]),
+                    &s,
+                )
+            };
             assert_eq!(
-                error.to_string(),
-                "3 experts over 2 ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
+                build(MoeConfig::new(4)).unwrap_err().to_string(),
+                "top_k is 4; with 3 experts it must be 1 to 3"
+            );
+            let etp = build(
+                MoeConfig::new(1).with_placement(ExpertPlacement::ExpertTensorParallel),
+            )
+            .unwrap();
+            let rows = ShardedArray::<Ragged>::from_local(zeros(&[2, 4]), group, &[2, 4]).unwrap();
+            assert_eq!(
+                etp.forward_rows(&rows, &s).unwrap_err().to_string(),
+                "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`"
             );
         })
         .unwrap();

@@ -194,8 +194,8 @@ fn dense_rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 }
 
 fn check_block(group: &Group) {
-    use safemlx_dist::nn::{ExpertParallelMoe, FeedForward, TransformerBlock};
-    use safemlx_dist_tests::dense::{moe_token, random};
+    use safemlx_dist::nn::{FeedForward, Moe, MoeConfig, TransformerBlock};
+    use safemlx_dist_tests::dense::{random, DenseGating, DenseMoe};
     let s = cpu();
     let n = group.size() as i32;
     let mut rng = Rng::new(23);
@@ -213,8 +213,9 @@ fn check_block(group: &Group) {
         random(&mut rng, &[d, 2 * d * n], 0.1),
         random(&mut rng, &[2 * d * n, d], 0.1),
     );
-    let (router, w1, w2) = (
+    let (router, expert_gate, expert_up, expert_down) = (
         random(&mut rng, &[d, e], 0.3),
+        random(&mut rng, &[e, d, hidden], 0.1),
         random(&mut rng, &[e, d, hidden], 0.1),
         random(&mut rng, &[e, hidden, d], 0.1),
     );
@@ -240,20 +241,20 @@ fn check_block(group: &Group) {
         .unwrap();
     let dense_mlp_block = add(&h, &host(&mlp_out, &s));
     // MoE half (top-2, dropless).
-    let (hr, hw1, hw2) = (host(&router, &s), host(&w1, &s), host(&w2, &s));
+    let dense_moe = DenseMoe {
+        router: host(&router, &s),
+        gate: host(&expert_gate, &s),
+        up: host(&expert_up, &s),
+        down: host(&expert_down, &s),
+        dims: (e as usize, d as usize, hidden as usize),
+        k: 2,
+        gating: DenseGating::SoftmaxTopK { normalize: true },
+        scaling: 1.0,
+        shared: None,
+    };
     let moe_out: Vec<f32> = normed2
         .chunks(d as usize)
-        .flat_map(|tok| {
-            moe_token(
-                tok,
-                &hr,
-                &hw1,
-                &hw2,
-                (e as usize, d as usize, hidden as usize),
-                2,
-                &mut |_| true,
-            )
-        })
+        .flat_map(|tok| dense_moe.token(tok, &mut |_| true))
         .collect();
     let dense_moe_block = add(&h, &moe_out);
 
@@ -274,8 +275,16 @@ fn check_block(group: &Group) {
     assert_eq!(aux, 0.0);
     let err = max_relative_error(&host(y.local(), &s), &dense_mlp_block);
     assert!(err <= 1e-4, "MLP block: relative error {err}");
-    let moe =
-        ExpertParallelMoe::from_full(group, 2, router.clone(), w1.clone(), w2.clone(), &s).unwrap();
+    let moe = Moe::from_full(
+        group,
+        MoeConfig::new(2),
+        router.clone(),
+        expert_gate.clone(),
+        expert_up.clone(),
+        expert_down.clone(),
+        &s,
+    )
+    .unwrap();
     let moe_block = block(FeedForward::Moe(moe));
     let (y, aux) = moe_block.forward(&xr, &s).expect("MoE block");
     assert!(aux > 0.0);

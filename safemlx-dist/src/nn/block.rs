@@ -3,7 +3,7 @@
 
 use safemlx::{Array, Stream};
 
-use super::{ExpertParallelMoe, ShardedAttention, SwiGluMlp};
+use super::{Moe, MoeConfig, ShardedAttention, SwiGluMlp};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::typed::{Ragged, Replicated, Sharded, ShardedArray};
@@ -25,7 +25,7 @@ pub enum FeedForward {
     /// Tensor-parallel SwiGLU MLP on replicated tokens.
     Mlp(SwiGluMlp),
     /// Expert-parallel MoE: each rank routes its chunk of the tokens.
-    Moe(ExpertParallelMoe),
+    Moe(Moe),
 }
 
 /// `h = x + attention(norm(x))`, `y = h + ffn(norm(h))`, on replicated
@@ -50,7 +50,8 @@ impl TransformerBlock {
     /// `attention.qkv` `[D, 3D]`, `attention.out` `[D, D]`,
     /// `attention_norm` `[D]`, `feed_forward_norm` `[D]`, and either
     /// `mlp.gate`, `mlp.up` `[D, H]`, `mlp.down` `[H, D]` or `moe.router`
-    /// `[D, E]`, `moe.w1` `[E, D, H]`, `moe.w2` `[E, H, D]` (an MoE block,
+    /// `[D, E]`, `moe.gate`, `moe.up` `[E, D, H]`, `moe.down` `[E, H, D]` (an
+    /// expert-parallel MoE block with renormalised softmax gates,
     /// routing `top_k` experts per token). `eps` is [`DEFAULT_EPS`].
     ///
     /// # Errors
@@ -72,9 +73,9 @@ impl TransformerBlock {
             s,
         )?;
         let feed_forward = if checkpoint.contains(&format!("{prefix}moe.router")) {
-            FeedForward::Moe(ExpertParallelMoe::from_checkpoint(
+            FeedForward::Moe(Moe::from_checkpoint(
                 group,
-                top_k,
+                MoeConfig::new(top_k),
                 checkpoint,
                 &format!("{prefix}moe."),
                 s,
@@ -148,14 +149,8 @@ impl TransformerBlock {
         let (ff, aux) = match &self.feed_forward {
             FeedForward::Mlp(mlp) => (mlp.forward(&normed, s)?, 0.0),
             FeedForward::Moe(moe) => {
-                let chunk = normed.shard::<0>(s)?;
-                let rows = ShardedArray::<Ragged>::from_local(
-                    chunk.local().clone(),
-                    &comm,
-                    chunk.global_shape(),
-                )?;
-                let out = moe.forward(&rows, s)?;
-                (out.tokens.gather_rows(s)?, out.aux_loss)
+                let out = moe.forward(&normed, s)?;
+                (out.tokens, out.aux_loss)
             }
         };
         Ok((h.add(&ff, s)?, aux))
@@ -197,7 +192,7 @@ impl TransformerBlock {
                     &comm,
                     normed.local().shape(),
                 )?;
-                let out = moe.forward(&tokens, s)?;
+                let out = moe.forward_rows(&tokens, s)?;
                 (rows(out.tokens.local().clone(), &h)?, out.aux_loss)
             }
         };

@@ -23,7 +23,10 @@ pub use gqa::{GqaAttention, GqaConfig, HeadSplit, Rope};
 pub use kv_cache::{KvCache, LayerCache};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
-pub use moe::{ExpertParallelMoe, MoeOutput, MoeWeights};
+pub use moe::{
+    ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe, MoeConfig, MoeOutput,
+    SharedExperts,
+};
 pub use norm::RmsNorm;
 pub use projection::Projection;
 pub use quantized::{

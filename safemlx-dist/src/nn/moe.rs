@@ -1,161 +1,395 @@
-//! Expert-parallel mixture of experts.
+//! Mixture of experts: a router choosing each token's top-k of `E` SwiGLU
+//! experts, placed expert parallel (experts split across ranks, tokens
+//! routed with `all_to_all_v`) or expert tensor parallel (every expert's
+//! hidden dimension split, one `all_sum`), with optional shared experts.
+//!
+//! ```text
+//! logits  = x R                                   [t, E], R replicated
+//! chosen  = top_k(logits)                         on the device
+//! gates   = softmax(logits)[chosen] (/ their sum) or softmax(logits[chosen])
+//! y       = sum_j gates_j * down_e(silu(gate_e x) * up_e x),  e = chosen_j
+//!         + sigmoid(x g) * shared(x)              when the model has them
+//! ```
+//!
+//! Routing stays on the device: the top-k (`argpartition`), the counts per
+//! expert and the order of the routed rows are MLX arrays; only the `E`
+//! counts come to the host, to size the `all_to_all_v`. The local experts
+//! run as three grouped matmuls (`gather_mm` on rows sorted by expert).
 
+use safemlx::ops;
 use safemlx::{Array, Dtype, Stream};
 
-use crate::checkpoint::Checkpoint;
+use super::SwiGluMlp;
+use crate::checkpoint::{Checkpoint, TensorSource};
 use crate::error::{Error, Result};
-use crate::typed::{Ragged, Replicated, RoutingPlan, Sharded, ShardedArray};
+use crate::typed::collective::slice_axis;
+use crate::typed::{
+    chunk, Partial, Placement, Ragged, Replicated, RoutingPlan, Sharded, ShardedArray,
+};
 use crate::{sharded, Group};
 
-/// The weights of an expert-parallel MoE: a replicated router `[D, E]` and
-/// `E` expert MLPs (`w1 [E, D, H]`, `w2 [E, H, D]`) split by experts: rank
-/// `r` holds experts `r E/n .. (r+1) E/n`.
+/// How the router's logits become the gates of a token's `k` experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over all experts, then the `k` largest; with `normalize`
+    /// the `k` gates are rescaled to sum to 1 (Qwen3-MoE's
+    /// `norm_topk_prob`; Qwen2-MoE ships without it).
+    SoftmaxTopK {
+        /// Rescale the chosen gates to sum to 1.
+        normalize: bool,
+    },
+    /// The `k` largest logits, then a softmax over those `k` (Mixtral).
+    TopKSoftmax,
+}
+
+/// Where the experts' weights live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertPlacement {
+    /// Experts split across ranks by the chunk rule (`E` need not divide:
+    /// 5 experts over 2 ranks are 3 + 2); each rank routes its tokens to
+    /// the ranks of their experts with `all_to_all_v` and back.
+    #[default]
+    ExpertParallel,
+    /// Every rank holds every expert's slice of the hidden dimension
+    /// (`gate`/`up` columns, `down` rows, by the chunk rule); every rank
+    /// routes all tokens and one `all_sum` adds the slices (mlx-lm's
+    /// sharding of its `SwitchGLU`).
+    ExpertTensorParallel,
+}
+
+impl ExpertPlacement {
+    /// `"expert parallel"` or `"expert tensor parallel"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExpertParallel => "expert parallel",
+            Self::ExpertTensorParallel => "expert tensor parallel",
+        }
+    }
+}
+
+/// The routing of an MoE layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per token, 1 to `E`.
+    pub top_k: usize,
+    /// How gates are computed.
+    pub gating: Gating,
+    /// A factor on every routed gate (DeepSeek's `routed_scaling_factor`;
+    /// 1 for Mixtral and Qwen).
+    pub routed_scaling: f32,
+    /// With `Some(f)`, each expert takes at most `ceil(f * t * k / E)` of
+    /// the `t * k` slots a rank routes (in token order); the rest are
+    /// dropped and counted. `None`: dropless.
+    pub capacity_factor: Option<f32>,
+    /// Where the experts live.
+    pub placement: ExpertPlacement,
+    /// `true` (the default): the local experts as grouped matmuls
+    /// (`gather_mm`); `false`: one matmul per local expert, the loop the
+    /// grouped form replaces (kept to benchmark it).
+    pub grouped_matmul: bool,
+}
+
+impl MoeConfig {
+    /// Top-`k` routing with renormalised softmax gates, expert parallel,
+    /// dropless, grouped matmuls.
+    pub fn new(top_k: usize) -> Self {
+        Self {
+            top_k,
+            gating: Gating::SoftmaxTopK { normalize: true },
+            routed_scaling: 1.0,
+            capacity_factor: None,
+            placement: ExpertPlacement::ExpertParallel,
+            grouped_matmul: true,
+        }
+    }
+
+    /// With `gating`.
+    pub fn with_gating(mut self, gating: Gating) -> Self {
+        self.gating = gating;
+        self
+    }
+
+    /// With `placement`.
+    pub fn with_placement(mut self, placement: ExpertPlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// With a capacity factor (see [`capacity_factor`](Self::capacity_factor)).
+    pub fn with_capacity_factor(mut self, factor: f32) -> Self {
+        self.capacity_factor = Some(factor);
+        self
+    }
+
+    /// With a routed scaling factor.
+    pub fn with_routed_scaling(mut self, factor: f32) -> Self {
+        self.routed_scaling = factor;
+        self
+    }
+
+    /// One matmul per local expert instead of grouped matmuls.
+    pub fn with_per_expert_loop(mut self) -> Self {
+        self.grouped_matmul = false;
+        self
+    }
+
+    fn check(&self, experts: usize) -> Result<()> {
+        if self.top_k == 0 || self.top_k > experts {
+            return Err(Error::Shape(format!(
+                "top_k is {}; with {experts} experts it must be 1 to {experts}",
+                self.top_k
+            )));
+        }
+        if let Some(f) = self.capacity_factor {
+            if !(f.is_finite() && f > 0.0) {
+                return Err(Error::Shape(format!(
+                    "capacity factor {f}: it must be a positive number"
+                )));
+            }
+        }
+        if !self.routed_scaling.is_finite() {
+            return Err(Error::Shape(format!(
+                "routed scaling factor {}: it must be a finite number",
+                self.routed_scaling
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Experts split by experts: rank `r` holds its chunk of the `E` experts.
 #[sharded]
 #[derive(Debug)]
-pub struct MoeWeights {
-    /// `[D, E]`, on every rank.
-    #[shard(Replicated)]
-    pub router: ShardedArray<Replicated>,
-    /// `[E, D, H]`, split by experts.
+pub struct ExpertWeights {
+    /// `[E, D, H]`, by expert.
     #[shard(Sharded<0>)]
-    pub w1: ShardedArray<Sharded<0>>,
-    /// `[E, H, D]`, split by experts.
+    pub gate: ShardedArray<Sharded<0>>,
+    /// `[E, D, H]`, by expert.
     #[shard(Sharded<0>)]
-    pub w2: ShardedArray<Sharded<0>>,
+    pub up: ShardedArray<Sharded<0>>,
+    /// `[E, H, D]`, by expert.
+    #[shard(Sharded<0>)]
+    pub down: ShardedArray<Sharded<0>>,
+}
+
+/// Every expert, its hidden dimension split: rank `r` holds its chunk of
+/// `H` of each of the `E` experts.
+#[sharded]
+#[derive(Debug)]
+pub struct ExpertSlices {
+    /// `[E, D, H]`, by hidden column.
+    #[shard(Sharded<2>)]
+    pub gate: ShardedArray<Sharded<2>>,
+    /// `[E, D, H]`, by hidden column.
+    #[shard(Sharded<2>)]
+    pub up: ShardedArray<Sharded<2>>,
+    /// `[E, H, D]`, by hidden row.
+    #[shard(Sharded<1>)]
+    pub down: ShardedArray<Sharded<1>>,
+}
+
+/// This rank's experts, by placement.
+#[derive(Debug)]
+enum Experts {
+    Parallel(ExpertWeights),
+    TensorParallel(ExpertSlices),
+}
+
+/// Experts every token goes through, beside the routed ones (Qwen2-MoE's
+/// `shared_expert`, DeepSeek's shared experts): a tensor-parallel SwiGLU
+/// MLP, optionally scaled per token by `sigmoid(x g)` (Qwen2-MoE's
+/// `shared_expert_gate`, `g` `[D, 1]`).
+#[derive(Debug)]
+pub struct SharedExperts {
+    /// The MLP, hidden dimension split across ranks.
+    pub mlp: SwiGluMlp,
+    /// `[D, 1]`, on every rank.
+    pub gate: Option<ShardedArray<Replicated>>,
 }
 
 /// What a forward returns besides the tokens.
 #[derive(Debug)]
-pub struct MoeOutput {
-    /// This rank's tokens after the experts, `[t, D]`, in input order.
-    pub tokens: ShardedArray<Ragged>,
+pub struct MoeOutput<P: Placement> {
+    /// The tokens after the layer, `[t, D]`, in input order.
+    pub tokens: ShardedArray<P>,
     /// The load-balancing loss `E * sum_e f_e * P_e` over all ranks' tokens
     /// (`f_e`: share of routed slots that chose expert `e`; `P_e`: mean
     /// router probability of `e`). 1.0 when perfectly balanced.
     pub aux_loss: f32,
-    /// Rows this rank sent to each rank.
+    /// The router z-loss: the mean over tokens of `logsumexp(logits)^2`.
+    pub z_loss: f32,
+    /// Rows this rank sent to each rank (expert parallel; zeros otherwise).
     pub sent: Vec<usize>,
-    /// Rows this rank's experts processed, from each rank.
+    /// Rows this rank's experts processed, from each rank (expert
+    /// parallel; zeros otherwise).
     pub received: Vec<usize>,
     /// This rank's slots dropped by the capacity limit (0 when dropless).
     pub dropped: usize,
 }
 
-/// Experts sharded across ranks, top-k routing with softmax gates,
-/// dropless: every token reaches its `k` experts. A forward exchanges the
-/// per-destination counts (one `all_gather` of `n` counts), dispatches the
-/// routed rows with one `all_to_all_v`, runs the local experts, and combines
-/// with the reverse `all_to_all_v`.
+/// A mixture-of-experts layer on this rank (see the module docs).
 #[derive(Debug)]
-pub struct ExpertParallelMoe {
-    weights: MoeWeights,
-    experts: usize,
-    top_k: usize,
-    capacity_factor: Option<f32>,
+pub struct Moe {
+    router: ShardedArray<Replicated>,
+    experts: Box<Experts>,
+    shared: Option<Box<SharedExperts>>,
+    config: MoeConfig,
+    num_experts: usize,
 }
 
-fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
-    let a = a.as_dtype(Dtype::Float32, s)?.contiguous(false, s)?;
-    crate::eval(&[&a])?;
-    let a = a.into_evaluated()?;
-    a.try_to_vec::<f32>()
-        .map_err(|e| Error::Shape(format!("reading router output: {e}")))
-}
-
-/// The expert count of a router `[D, E]`, checked against the rank count
-/// and `top_k`.
-fn check_experts(router: &[i32], n: usize, top_k: usize) -> Result<usize> {
-    let experts = usize::try_from(router.get(1).copied().unwrap_or(0)).unwrap_or(0);
-    if experts == 0 || experts % n != 0 {
+/// The router `[D, E]` and experts `gate`, `up` `[E, D, H]`, `down`
+/// `[E, H, D]` must agree before anything is sliced; the message names the
+/// tensors (`{prefix}router`, ...) and their shapes. Returns `(E, D, H)`.
+fn check_shapes(
+    prefix: &str,
+    router: &[i32],
+    gate: &[i32],
+    up: &[i32],
+    down: &[i32],
+) -> Result<(usize, usize, usize)> {
+    let shapes = || {
+        format!(
+            "{prefix}router is {router:?}, {prefix}gate is {gate:?}, {prefix}up is {up:?}, {prefix}down is {down:?}"
+        )
+    };
+    let (&[d, e], &[e1, d1, h1], &[e3, h3, d3]) = (router, gate, down) else {
         return Err(Error::Shape(format!(
-            "{experts} experts over {n} ranks: each rank holds the same number of experts, so the expert count must be a multiple of the rank count"
-        )));
-    }
-    if !(1..=2).contains(&top_k) {
-        return Err(Error::Shape(format!(
-            "top_k is {top_k}; the router supports 1 or 2"
-        )));
-    }
-    Ok(experts)
-}
-
-/// The router `[D, E]` and experts `w1` `[E, D, H]`, `w2` `[E, H, D]` must
-/// agree before anything is sliced; the message names the tensors
-/// (`{prefix}router`, ...) and their shapes.
-fn check_shapes(prefix: &str, router: &[i32], w1: &[i32], w2: &[i32]) -> Result<()> {
-    let shapes =
-        || format!("{prefix}router is {router:?}, {prefix}w1 is {w1:?}, {prefix}w2 is {w2:?}");
-    let (&[d, e], &[e1, d1, h1], &[e2, h2, d2]) = (router, w1, w2) else {
-        return Err(Error::Shape(format!(
-            "an MoE needs a router [D, E], w1 [E, D, H] and w2 [E, H, D]: {}",
+            "an MoE needs a router [D, E], gate and up [E, D, H] and down [E, H, D]: {}",
             shapes()
         )));
     };
     let disagree = [
         (
             e1 != e,
-            "w1's expert count (axis 0) differs from the router's (axis 1)",
+            "gate's expert count (axis 0) differs from the router's (axis 1)",
         ),
+        (up != gate, "up's shape differs from gate's"),
         (
-            e2 != e,
-            "w2's expert count (axis 0) differs from the router's (axis 1)",
+            e3 != e,
+            "down's expert count (axis 0) differs from the router's (axis 1)",
         ),
         (
             d1 != d,
-            "w1's model dimension (axis 1) differs from the router's (axis 0)",
+            "gate's model dimension (axis 1) differs from the router's (axis 0)",
         ),
         (
-            d2 != d,
-            "w2's model dimension (axis 2) differs from the router's (axis 0)",
+            d3 != d,
+            "down's model dimension (axis 2) differs from the router's (axis 0)",
         ),
         (
-            h2 != h1,
-            "w2's hidden dimension (axis 1) differs from w1's (axis 2)",
+            h3 != h1,
+            "down's hidden dimension (axis 1) differs from gate's (axis 2)",
         ),
+        (e <= 0, "the router has no experts"),
     ];
     match disagree.iter().find(|(bad, _)| *bad) {
         Some((_, what)) => Err(Error::Shape(format!("{what}: {}", shapes()))),
-        None => Ok(()),
+        None => Ok((e as usize, d as usize, h1 as usize)),
     }
 }
 
-fn indices(values: &[usize]) -> Array {
-    let values: Vec<i32> = values.iter().map(|&v| v as i32).collect();
-    Array::from_slice(&values, &[values.len() as i32])
+fn int_array(values: &[i32]) -> Array {
+    Array::from_slice(values, &[values.len() as i32])
 }
 
-impl ExpertParallelMoe {
-    /// Builds this rank's part: the router, and its `E / n` experts.
+fn host_i32(a: &Array) -> Result<Vec<i32>> {
+    crate::eval(&[a])?;
+    a.clone()
+        .into_evaluated()?
+        .try_to_vec::<i32>()
+        .map_err(|e| Error::Shape(format!("reading routing counts: {e}")))
+}
+
+fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
+    let a = a.as_dtype(Dtype::Float32, s)?.contiguous(false, s)?;
+    crate::eval(&[&a])?;
+    a.into_evaluated()?
+        .try_to_vec::<f32>()
+        .map_err(|e| Error::Shape(format!("reading router statistics: {e}")))
+}
+
+/// `x * sigmoid(x)`.
+fn silu(x: &Array, s: &Stream) -> Result<Array> {
+    Ok(x.multiply(ops::sigmoid(x, s)?, s)?)
+}
+
+/// The rows `indices` (`[m]`) of `a` along axis 0; an empty result
+/// without indexing when `m` is 0 (MLX's take from an empty axis divides
+/// by its length).
+fn take_rows(a: &Array, indices: &Array, s: &Stream) -> Result<Array> {
+    if indices.shape().first().copied().unwrap_or(0) == 0 {
+        let mut shape = a.shape().to_vec();
+        shape[0] = 0;
+        return Ok(ops::zeros_dtype(&shape, a.dtype(), s)?);
+    }
+    Ok(a.take_axis(indices, 0, s)?)
+}
+
+/// `0, 1, ..., len - 1` as int32.
+fn arange(len: usize, s: &Stream) -> Result<Array> {
+    Ok(ops::arange::<_, i32>(0, len as i32, None, s)?)
+}
+
+/// The routing of `t` tokens, decided on the device.
+struct Routing {
+    /// `[t * k]` gates, slot `token * k + j`, float32, scaled.
+    gates: Array,
+    /// `[t * k]` int32 expert of each slot.
+    expert: Array,
+    /// `[t * k]` int32 slots: the kept ones sorted by expert (token order
+    /// within an expert), then the dropped ones.
+    order: Array,
+    /// Slots kept per expert (on the host).
+    kept: Vec<usize>,
+    /// `[2 E + 2]` float32: slots per expert (before capacity), summed
+    /// router probabilities per expert, summed squared logsumexp, tokens.
+    stats: Array,
+}
+
+impl Moe {
+    /// Builds this rank's part from the full weights: `router` `[D, E]`,
+    /// `gate`, `up` `[E, D, H]`, `down` `[E, H, D]`, placed as
+    /// `config.placement` says.
     ///
     /// # Errors
-    /// When `E` is not a multiple of the rank count, or `top_k` is not 1 or 2.
+    /// Disagreeing shapes (named), or a `top_k` outside `1..=E`.
     pub fn from_full(
         group: &Group,
-        top_k: usize,
+        config: MoeConfig,
         router: Array,
-        w1: Array,
-        w2: Array,
+        gate: Array,
+        up: Array,
+        down: Array,
         s: &Stream,
     ) -> Result<Self> {
-        check_shapes("", router.shape(), w1.shape(), w2.shape())?;
-        let experts = check_experts(router.shape(), group.size(), top_k)?;
-        let weights = MoeWeights::from_full(group, router, w1, w2, s)?;
+        let (e, ..) = check_shapes("", router.shape(), gate.shape(), up.shape(), down.shape())?;
+        config.check(e)?;
+        let experts = match config.placement {
+            ExpertPlacement::ExpertParallel => {
+                Experts::Parallel(ExpertWeights::from_full(group, gate, up, down, s)?)
+            }
+            ExpertPlacement::ExpertTensorParallel => {
+                Experts::TensorParallel(ExpertSlices::from_full(group, gate, up, down, s)?)
+            }
+        };
         Ok(Self {
-            weights,
-            experts,
-            top_k,
-            capacity_factor: None,
+            router: ShardedArray::replicated(router, group),
+            experts: Box::new(experts),
+            shared: None,
+            config,
+            num_experts: e,
         })
     }
 
     /// Builds this rank's part from a checkpoint's `{prefix}router`,
-    /// `{prefix}w1` and `{prefix}w2`, reading only this rank's experts.
+    /// `{prefix}gate`, `{prefix}up` and `{prefix}down`, reading only this
+    /// rank's experts (or slices).
     ///
     /// # Errors
     /// Those of [`from_full`](Self::from_full), and a missing tensor.
     pub fn from_checkpoint(
         group: &Group,
-        top_k: usize,
+        config: MoeConfig,
         checkpoint: &Checkpoint,
         prefix: &str,
         s: &Stream,
@@ -163,206 +397,649 @@ impl ExpertParallelMoe {
         let shape = |name: &str| -> Result<Vec<i32>> {
             Ok(checkpoint.info(&format!("{prefix}{name}"))?.shape.clone())
         };
-        let router = shape("router")?;
-        check_shapes(prefix, &router, &shape("w1")?, &shape("w2")?)?;
-        let experts = check_experts(&router, group.size(), top_k)?;
-        let weights = MoeWeights::from_checkpoint(group, checkpoint, prefix, s)?;
+        let (e, ..) = check_shapes(
+            prefix,
+            &shape("router")?,
+            &shape("gate")?,
+            &shape("up")?,
+            &shape("down")?,
+        )?;
+        config.check(e)?;
+        let experts = match config.placement {
+            ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights::from_checkpoint(
+                group, checkpoint, prefix, s,
+            )?),
+            ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(
+                ExpertSlices::from_checkpoint(group, checkpoint, prefix, s)?,
+            ),
+        };
+        let router = checkpoint.read(&format!("{prefix}router"), s)?;
         Ok(Self {
-            weights,
-            experts,
-            top_k,
-            capacity_factor: None,
+            router: ShardedArray::replicated(router, group),
+            experts: Box::new(experts),
+            shared: None,
+            config,
+            num_experts: e,
         })
     }
 
-    /// The full weights again: `router`, `w1`, `w2` (one `all_gather` per
-    /// expert tensor).
-    pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
-        self.weights.gather_full(s)
+    /// Reads this rank's part of a Hugging Face MoE block at `prefix`
+    /// (e.g. `model.layers.3.mlp.`): the router `{prefix}gate.weight`
+    /// `[E, D]` and per-expert tensors `{prefix}experts.{e}.{gate,up,down}`
+    /// named by `names` (`[H, D]`, `[H, D]`, `[D, H]`), each rank reading
+    /// only its experts (expert parallel) or its rows/columns of every
+    /// expert (expert tensor parallel); with `shared`, Qwen2-MoE's
+    /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight`.
+    ///
+    /// # Errors
+    /// A missing tensor or one whose shape is not `(dim, hidden)`'s; the
+    /// message names it and the file.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_hf(
+        group: &Group,
+        dir: &dyn TensorSource,
+        prefix: &str,
+        names: &HfExpertNames,
+        (dim, hidden, experts): (usize, usize, usize),
+        shared_hidden: Option<usize>,
+        config: MoeConfig,
+        s: &Stream,
+    ) -> Result<Self> {
+        config.check(experts)?;
+        let (d, h) = (dim as i32, hidden as i32);
+        let check = |name: String, want: [i32; 2]| -> Result<String> {
+            let shape = dir.shape(&name)?;
+            if shape.as_slice() != want {
+                return Err(Error::Model {
+                    path: dir.path().display().to_string(),
+                    message: format!(
+                        "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
+                    ),
+                });
+            }
+            Ok(name)
+        };
+        let router_name = check(format!("{prefix}{}", names.router), [experts as i32, d])?;
+        let router = dir.read(&router_name, s)?.transpose(s)?;
+        let expert = |e: usize, which: &str| format!("{prefix}experts.{e}.{which}.weight");
+        let (rank, n) = (group.rank(), group.size());
+        // Stacks per-expert matrices into [E', a, b].
+        let stack = |parts: Vec<Array>| -> Result<Array> {
+            let parts: Vec<Array> = parts
+                .iter()
+                .map(|p| p.expand_dims(0, s))
+                .collect::<std::result::Result<_, _>>()?;
+            Ok(ops::concatenate_axis(&parts, 0, s)?)
+        };
+        let experts_part = match config.placement {
+            ExpertPlacement::ExpertParallel => {
+                let (first, count) = chunk(experts, rank, n);
+                let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+                for e in first..first + count {
+                    let g = check(expert(e, names.gate), [h, d])?;
+                    let u = check(expert(e, names.up), [h, d])?;
+                    let w = check(expert(e, names.down), [d, h])?;
+                    gate.push(dir.read(&g, s)?.transpose(s)?);
+                    up.push(dir.read(&u, s)?.transpose(s)?);
+                    down.push(dir.read(&w, s)?.transpose(s)?);
+                }
+                let (e, dh, hd) = (experts as i32, [d, h], [h, d]);
+                let local = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
+                    if parts.is_empty() {
+                        Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?)
+                    } else {
+                        stack(parts)
+                    }
+                };
+                Experts::Parallel(ExpertWeights {
+                    gate: ShardedArray::from_local(local(gate, dh)?, group, &[e, d, h])?,
+                    up: ShardedArray::from_local(local(up, dh)?, group, &[e, d, h])?,
+                    down: ShardedArray::from_local(local(down, hd)?, group, &[e, h, d])?,
+                })
+            }
+            ExpertPlacement::ExpertTensorParallel => {
+                let part = chunk(hidden, rank, n);
+                let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+                for e in 0..experts {
+                    let g = check(expert(e, names.gate), [h, d])?;
+                    let u = check(expert(e, names.up), [h, d])?;
+                    let w = check(expert(e, names.down), [d, h])?;
+                    gate.push(dir.read_rows(&g, &[part], s)?.transpose(s)?);
+                    up.push(dir.read_rows(&u, &[part], s)?.transpose(s)?);
+                    down.push(dir.read_columns(&w, &[part], s)?.transpose(s)?);
+                }
+                let e = experts as i32;
+                Experts::TensorParallel(ExpertSlices {
+                    gate: ShardedArray::from_local(stack(gate)?, group, &[e, d, h])?,
+                    up: ShardedArray::from_local(stack(up)?, group, &[e, d, h])?,
+                    down: ShardedArray::from_local(stack(down)?, group, &[e, h, d])?,
+                })
+            }
+        };
+        let shared = match shared_hidden {
+            None => None,
+            Some(hidden) => {
+                let mlp = SwiGluMlp::from_hf(
+                    group,
+                    dir,
+                    &format!("{prefix}shared_expert."),
+                    (dim, hidden),
+                    s,
+                )?;
+                let gate_name = format!("{prefix}shared_expert_gate.weight");
+                let gate = if dir.contains(&gate_name) {
+                    let name = check(gate_name, [1, d])?;
+                    Some(ShardedArray::replicated(
+                        dir.read(&name, s)?.transpose(s)?,
+                        group,
+                    ))
+                } else {
+                    None
+                };
+                Some(Box::new(SharedExperts { mlp, gate }))
+            }
+        };
+        Ok(Self {
+            router: ShardedArray::replicated(router, group),
+            experts: Box::new(experts_part),
+            shared,
+            config,
+            num_experts: experts,
+        })
     }
 
-    /// Limits how many routed slots each rank sends to each expert to
-    /// `ceil(factor * t * k / E)` for its `t` tokens; the slots over the
-    /// limit (in token order) are dropped: they contribute nothing and are
-    /// counted in [`MoeOutput::dropped`]. Without it the layer is dropless.
-    pub fn with_capacity_factor(mut self, factor: f32) -> Self {
-        self.capacity_factor = Some(factor);
+    /// With shared experts beside the routed ones.
+    pub fn with_shared(mut self, shared: SharedExperts) -> Self {
+        self.shared = Some(Box::new(shared));
         self
     }
 
-    /// Routes this rank's tokens `[t, D]` (any number per rank) through
-    /// their top-k experts and combines the gated outputs.
-    pub fn forward(&self, tokens: &ShardedArray<Ragged>, s: &Stream) -> Result<MoeOutput> {
-        let comm = tokens.comm().clone();
-        let n = comm.size();
-        let x = tokens.local();
-        let (t, d) = (x.shape()[0] as usize, x.shape()[1]);
-        let e = self.experts;
-        let per_rank = e / n;
+    /// The routing configuration.
+    pub fn config(&self) -> &MoeConfig {
+        &self.config
+    }
 
-        // Router: softmax over experts, top-k per token on the host.
-        let logits = x.matmul(self.weights.router.local(), s)?;
-        let probs = safemlx::ops::softmax_axis(&logits, -1, None, s)?;
-        let p = host_f32(&probs, s)?;
-        let mut slots = Vec::with_capacity(t * self.top_k); // (token, expert, gate)
-        for token in 0..t {
-            let row = &p[token * e..(token + 1) * e];
-            let mut order: Vec<usize> = (0..e).collect();
-            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]).then(a.cmp(b)));
-            let chosen = &order[..self.top_k];
-            let norm: f32 = chosen.iter().map(|&c| row[c]).sum();
-            for &c in chosen {
-                slots.push((token, c, row[c] / norm));
-            }
-        }
+    /// Bytes of this rank's weights.
+    pub fn nbytes(&self) -> usize {
+        let experts: usize = match self.experts.as_ref() {
+            Experts::Parallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum(),
+            Experts::TensorParallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum(),
+        };
+        let shared = self.shared.as_ref().map_or(0, |sh| {
+            [sh.mlp.gate.local(), sh.mlp.up.local(), sh.mlp.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum::<usize>()
+                + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
+        });
+        self.router.local().nbytes() + experts + shared
+    }
 
-        // Dispatch order: by destination rank, then expert.
-        // Capacity: the first `cap` slots (in token order) per expert stay.
-        let mut kept = vec![true; slots.len()];
-        if let Some(factor) = self.capacity_factor {
-            let cap = (factor * (t * self.top_k) as f32 / e as f32)
-                .ceil()
-                .max(0.0) as usize;
-            let mut used = vec![0usize; e];
-            for (slot, &(_, expert, _)) in slots.iter().enumerate() {
-                kept[slot] = used[expert] < cap;
-                used[expert] += usize::from(kept[slot]);
+    /// The full weights again: `router`, `gate`, `up`, `down` (one
+    /// `all_gather` per expert tensor), as [`from_checkpoint`](Self::from_checkpoint) reads them.
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
+        let mut all = vec![("router", self.router.local().clone())];
+        all.extend(match self.experts.as_ref() {
+            Experts::Parallel(w) => w.gather_full(s)?,
+            Experts::TensorParallel(w) => w.gather_full(s)?,
+        });
+        Ok(all)
+    }
+
+    /// The routing of `x` `[t, D]` (see [`Routing`]).
+    fn route(&self, x: &Array, s: &Stream) -> Result<Routing> {
+        let (e, k) = (self.num_experts, self.config.top_k);
+        let t = usize::try_from(x.shape()[0]).unwrap_or(0);
+        let slots = t * k;
+        if t == 0 {
+            // No tokens on this rank (MLX rejects some reductions of empty
+            // arrays): nothing routed, zero statistics.
+            let empty = || ops::zeros::<i32>(&[0], s);
+            return Ok(Routing {
+                gates: ops::zeros::<f32>(&[0], s)?,
+                expert: empty()?,
+                order: empty()?,
+                kept: vec![0; e],
+                stats: ops::zeros::<f32>(&[2 * e as i32 + 2], s)?,
+            });
+        }
+        let logits = x
+            .matmul(self.router.local(), s)?
+            .as_dtype(Dtype::Float32, s)?;
+        let probs = ops::softmax_axis(&logits, -1, None, s)?;
+        let chosen = if k == e {
+            ops::broadcast_to(
+                arange(e, s)?.reshape(&[1, e as i32], s)?,
+                &[t as i32, e as i32],
+                s,
+            )?
+        } else {
+            let top = ops::argpartition_axis(logits.negative(s)?, (k - 1) as i32, -1, s)?;
+            slice_axis(&top, 1, 0, k, s)?
+        };
+        let chosen = chosen.as_dtype(Dtype::Int32, s)?;
+        let gates = match self.config.gating {
+            Gating::SoftmaxTopK { normalize } => {
+                let g = probs.take_along_axis(&chosen, -1, s)?;
+                if normalize {
+                    g.divide(g.sum_axis(-1, true, s)?, s)?
+                } else {
+                    g
+                }
             }
-        }
-        let dropped = kept.iter().filter(|k| !**k).count();
-        let mut order: Vec<usize> = (0..slots.len()).filter(|&i| kept[i]).collect();
-        order.sort_by_key(|&i| (slots[i].1 / per_rank, slots[i].1, i));
-        let mut sent = vec![0usize; n];
-        for &i in &order {
-            sent[slots[i].1 / per_rank] += 1;
-        }
-        let rows = x.take_axis(
-            indices(&order.iter().map(|&i| slots[i].0).collect::<Vec<_>>()),
+            Gating::TopKSoftmax => {
+                ops::softmax_axis(logits.take_along_axis(&chosen, -1, s)?, -1, None, s)?
+            }
+        };
+        let gates = gates
+            .multiply(Array::from_f32(self.config.routed_scaling), s)?
+            .reshape(&[slots as i32], s)?;
+        let expert = chosen.reshape(&[slots as i32], s)?;
+        // Slots per expert, by a one-hot sum (no host loop over tokens).
+        let one_hot = expert
+            .reshape(&[slots as i32, 1], s)?
+            .eq(arange(e, s)?.reshape(&[1, e as i32], s)?, s)?
+            .as_dtype(Dtype::Int32, s)?;
+        let counts = one_hot.sum_axis(0, false, s)?;
+        // Slots by expert, token order within an expert (unique keys).
+        let position = arange(slots, s)?;
+        let by_expert = ops::argsort(
+            expert
+                .multiply(Array::from_int(slots as i32), s)?
+                .add(&position, s)?,
+            s,
+        )?;
+        let host_counts = host_i32(&counts)?;
+        let (order, kept) = match self.config.capacity_factor {
+            None => (by_expert, host_counts.iter().map(|&c| c as usize).collect()),
+            Some(factor) => {
+                let cap = (factor * slots as f32 / e as f32).ceil().max(0.0) as i32;
+                // Position of each sorted slot within its expert's run.
+                let starts = ops::cumsum(&counts, 0, None, None, s)?.subtract(&counts, s)?;
+                let sorted_expert = expert.take_axis(&by_expert, 0, s)?;
+                let within = position.subtract(starts.take_axis(&sorted_expert, 0, s)?, s)?;
+                let keep = within.lt(Array::from_int(cap), s)?;
+                // Kept slots first, each group in its sorted order.
+                let key = ops::r#where(
+                    &keep,
+                    &position,
+                    position.add(Array::from_int(slots as i32), s)?,
+                    s,
+                )?;
+                let order = by_expert.take_axis(ops::argsort(&key, s)?, 0, s)?;
+                let kept = host_counts.iter().map(|&c| c.min(cap) as usize).collect();
+                (order, kept)
+            }
+        };
+        let lse = ops::logsumexp_axis(&logits, -1, false, s)?;
+        let stats = ops::concatenate_axis(
+            &[
+                counts.as_dtype(Dtype::Float32, s)?,
+                probs.sum_axis(0, false, s)?,
+                lse.square(s)?.sum(false, s)?.reshape(&[1], s)?,
+                Array::from_slice(&[t as f32], &[1]),
+            ],
             0,
             s,
         )?;
-        let ids: Vec<f32> = order
+        Ok(Routing {
+            gates,
+            expert,
+            order,
+            kept,
+            stats,
+        })
+    }
+
+    /// The balancing and z losses from the summed statistics.
+    fn losses(&self, stats: &[f32]) -> (f32, f32) {
+        let (e, k) = (self.num_experts, self.config.top_k as f32);
+        let tokens = stats[2 * e + 1].max(1.0);
+        let aux = (0..e)
+            .map(|c| (stats[c] / (tokens * k)) * (stats[e + c] / tokens))
+            .sum::<f32>()
+            * e as f32;
+        (aux, stats[2 * e] / tokens)
+    }
+
+    /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
+    /// the local expert tensors `gate`, `up` `[E', D, H']`, `down`
+    /// `[E', H', D]`), in the rows' order.
+    fn run_experts(
+        &self,
+        rows: &Array,
+        ids: &Array,
+        (gate, up, down): (&Array, &Array, &Array),
+        s: &Stream,
+    ) -> Result<Array> {
+        let r = usize::try_from(rows.shape()[0]).unwrap_or(0);
+        let d = rows.shape()[1];
+        if r == 0 {
+            return Ok(ops::zeros_dtype(&[0, d], rows.dtype(), s)?);
+        }
+        // Sort by expert (stable: the key is unique).
+        let position = arange(r, s)?;
+        let perm = ops::argsort(
+            ids.multiply(Array::from_int(r as i32), s)?
+                .add(&position, s)?,
+            s,
+        )?;
+        let sorted_rows = rows.take_axis(&perm, 0, s)?;
+        let sorted_ids = ids.take_axis(&perm, 0, s)?;
+        let out = if self.config.grouped_matmul {
+            let ids = sorted_ids.as_dtype(Dtype::Uint32, s)?;
+            let x = sorted_rows.expand_dims(1, s)?; // [r, 1, D]
+            let mm = |a: &Array, w: &Array| ops::gather_mm(a, w, None, &ids, true, s);
+            let hidden = silu(&mm(&x, gate)?, s)?.multiply(mm(&x, up)?, s)?;
+            mm(&hidden, down)?.reshape(&[r as i32, d], s)?
+        } else {
+            // One matmul per local expert on its run of rows.
+            let local = usize::try_from(gate.shape()[0]).unwrap_or(0);
+            let one_hot = sorted_ids
+                .reshape(&[r as i32, 1], s)?
+                .eq(arange(local, s)?.reshape(&[1, local as i32], s)?, s)?
+                .as_dtype(Dtype::Int32, s)?;
+            let counts = host_i32(&one_hot.sum_axis(0, false, s)?)?;
+            let mut outputs = Vec::new();
+            let mut start = 0;
+            for (j, &count) in counts.iter().enumerate() {
+                let count = count as usize;
+                if count == 0 {
+                    continue;
+                }
+                let x = slice_axis(&sorted_rows, 0, start, count, s)?;
+                let pick = |w: &Array| -> Result<Array> {
+                    Ok(slice_axis(w, 0, j, 1, s)?.squeeze_axes(&[0], s)?)
+                };
+                let hidden =
+                    silu(&x.matmul(pick(gate)?, s)?, s)?.multiply(x.matmul(pick(up)?, s)?, s)?;
+                outputs.push(hidden.matmul(pick(down)?, s)?);
+                start += count;
+            }
+            ops::concatenate_axis(&outputs, 0, s)?
+        };
+        // Back to the rows' order.
+        Ok(out.take_axis(ops::argsort(&perm, s)?, 0, s)?)
+    }
+
+    /// Weights `per_row` (`[m, D]`, the kept slots in `routing.order`) by
+    /// their gates and sums each token's `k` slots: `[t, D]`.
+    fn combine(&self, routing: &Routing, per_row: &Array, t: usize, s: &Stream) -> Result<Array> {
+        let k = self.config.top_k;
+        let m = usize::try_from(per_row.shape()[0]).unwrap_or(0);
+        let d = per_row.shape()[1];
+        if t == 0 {
+            return Ok(ops::zeros_dtype(&[0, d], per_row.dtype(), s)?);
+        }
+        // Each slot's position in the order; dropped ones read a zero row.
+        let position = ops::argsort(&routing.order, s)?;
+        let position = ops::minimum(&position, Array::from_int(m as i32), s)?;
+        let zero = ops::zeros_dtype(&[1, d], per_row.dtype(), s)?;
+        let per_slot =
+            ops::concatenate_axis(&[per_row, &zero], 0, s)?.take_axis(&position, 0, s)?;
+        let gates = routing
+            .gates
+            .as_dtype(per_row.dtype(), s)?
+            .reshape(&[(t * k) as i32, 1], s)?;
+        Ok(per_slot
+            .multiply(&gates, s)?
+            .reshape(&[t as i32, k as i32, d], s)?
+            .sum_axis(1, false, s)?)
+    }
+
+    /// Expert parallel on this rank's own tokens `[t, D]` (any number per
+    /// rank, `Ragged`): route, dispatch with one `all_to_all_v`, run the
+    /// local experts, return with the reverse `all_to_all_v`, combine.
+    /// Shared experts are not run here (they need every rank's tokens:
+    /// see [`forward`](Self::forward)).
+    ///
+    /// # Errors
+    /// An expert-tensor-parallel layer (its experts need every token on
+    /// every rank: call [`forward`](Self::forward)), or an MLX error.
+    pub fn forward_rows(
+        &self,
+        tokens: &ShardedArray<Ragged>,
+        s: &Stream,
+    ) -> Result<MoeOutput<Ragged>> {
+        let Experts::Parallel(weights) = self.experts.as_ref() else {
+            return Err(Error::Shape(
+                "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`".to_owned(),
+            ));
+        };
+        let comm = tokens.comm().clone();
+        let n = comm.size();
+        let x = tokens.local();
+        let t = usize::try_from(x.shape()[0]).unwrap_or(0);
+        let e = self.num_experts;
+        let k = self.config.top_k;
+        let routing = self.route(x, s)?;
+
+        // Dispatch: the kept slots, by expert, so by destination rank.
+        let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
+        let sent: Vec<usize> = owners
             .iter()
-            .map(|&i| (slots[i].1 % per_rank) as f32)
+            .map(|&(first, count)| routing.kept[first..first + count].iter().sum())
             .collect();
-        let ids = Array::from_slice(&ids, &[ids.len() as i32, 1]);
+        let m: usize = sent.iter().sum();
+        let order = slice_axis(&routing.order, 0, 0, m, s)?;
+        let rows = take_rows(x, &order.floor_divide(Array::from_int(k as i32), s)?, s)?;
+        // Each row's expert as an index into its destination's experts.
+        let first_of_owner: Vec<i32> = (0..e)
+            .map(|c| {
+                owners
+                    .iter()
+                    .find(|(first, count)| (*first..first + count).contains(&c))
+                    .map_or(0, |(first, _)| *first as i32)
+            })
+            .collect();
+        let expert = take_rows(&routing.expert, &order, s)?;
+        let local_ids = expert
+            .subtract(int_array(&first_of_owner).take_axis(&expert, 0, s)?, s)?
+            .reshape(&[m as i32, 1], s)?;
 
         let plan = RoutingPlan::exchange(&comm, sent.as_slice(), s)?;
         let as_ragged = |a: Array| ShardedArray::<Ragged>::from_local(a.clone(), &comm, a.shape());
         let dispatched = as_ragged(rows)?;
         let routed = dispatched.route(&plan, s)?;
-        let routed_ids = as_ragged(ids)?.route(&plan, s)?;
+        let routed_ids = as_ragged(local_ids)?.route(&plan, s)?;
         // Every rank runs the exchanges now and in the same order: a rank
         // whose experts got no rows would otherwise never evaluate its part.
-        crate::eval(&[routed_ids.local()])?;
-        crate::eval(&[routed.local()])?;
-
-        // Local experts on the rows they received (grouped on the host).
-        let local_ids: Vec<usize> = host_f32(routed_ids.local(), s)?
-            .into_iter()
-            .map(|v| v as usize)
-            .collect();
-        let got = routed.local();
-        let mut outputs = Vec::new();
-        let mut placed = Vec::new();
-        for j in 0..per_rank {
-            let mine: Vec<usize> = (0..local_ids.len())
-                .filter(|&i| local_ids[i] == j)
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let inputs = got.take_axis(indices(&mine), 0, s)?;
-            let pick = |w: &ShardedArray<Sharded<0>>| -> Result<Array> {
-                let mut parts = w.local().split(per_rank as i32, 0, s)?;
-                let shape = parts[j].shape()[1..].to_vec();
-                Ok(parts.swap_remove(j).reshape(&shape, s)?)
-            };
-            let hidden = inputs.matmul(pick(&self.weights.w1)?, s)?;
-            let hidden = hidden.multiply(safemlx::ops::sigmoid(&hidden, s)?, s)?;
-            outputs.push(hidden.matmul(pick(&self.weights.w2)?, s)?);
-            placed.extend(mine);
-        }
-        let processed = if outputs.is_empty() {
-            safemlx::ops::zeros_dtype(&[0, d], x.dtype(), s)?
-        } else {
-            let all = safemlx::ops::concatenate_axis(&outputs, 0, s)?;
-            // Back to arrival order.
-            let mut inverse = vec![0usize; placed.len()];
-            for (position, &row) in placed.iter().enumerate() {
-                inverse[row] = position;
-            }
-            all.take_axis(indices(&inverse), 0, s)?
-        };
-        let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
-        crate::eval(&[back.local()])?;
-
-        // Combine: undo the dispatch order, weight by the gates, sum the k slots.
-        // Dropped slots read an appended zero row.
-        let zero_row = order.len();
-        let mut inverse = vec![zero_row; slots.len()];
-        for (position, &slot) in order.iter().enumerate() {
-            inverse[slot] = position;
-        }
-        let zero = safemlx::ops::zeros_dtype(&[1, d], x.dtype(), s)?;
-        let with_zero = safemlx::ops::concatenate_axis(&[back.local(), &zero], 0, s)?;
-        let per_slot = with_zero.take_axis(indices(&inverse), 0, s)?;
-        let gates: Vec<f32> = slots.iter().map(|s| s.2).collect();
-        let gates = Array::from_slice(&gates, &[gates.len() as i32, 1]).as_dtype(x.dtype(), s)?;
-        let combined = per_slot
-            .multiply(&gates, s)?
-            .reshape(&[t as i32, self.top_k as i32, d], s)?
-            .sum_axis(1, None, s)?;
-
-        // Load-balancing loss over all ranks' tokens.
-        let mut stats = vec![0f32; 2 * e + 1];
-        for &(_, c, _) in &slots {
-            stats[c] += 1.0;
-        }
-        for token in 0..t {
-            for c in 0..e {
-                stats[e + c] += p[token * e + c];
-            }
-        }
-        stats[2 * e] = t as f32;
-        let totals = host_f32(
-            &crate::all_sum(&Array::from_slice(&stats, &[stats.len() as i32]), &comm, s)?,
+        crate::eval(&[routed_ids.local(), routed.local()])?;
+        let received = plan.recv_counts().to_vec();
+        let r: usize = received.iter().sum();
+        let ids = routed_ids.local().reshape(&[r as i32], s)?;
+        let processed = self.run_experts(
+            routed.local(),
+            &ids,
+            (
+                weights.gate.local(),
+                weights.up.local(),
+                weights.down.local(),
+            ),
             s,
         )?;
-        let all_tokens = totals[2 * e].max(1.0);
-        let aux_loss = (0..e)
-            .map(|c| (totals[c] / (all_tokens * self.top_k as f32)) * (totals[e + c] / all_tokens))
-            .sum::<f32>()
-            * e as f32;
+        let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
+        crate::eval(&[back.local()])?;
+        let combined = self.combine(&routing, back.local(), t, s)?;
 
-        let tokens = as_ragged(combined)?;
+        let totals = host_f32(&crate::all_sum(&routing.stats, &comm, s)?, s)?;
+        let (aux_loss, z_loss) = self.losses(&totals);
         Ok(MoeOutput {
-            tokens,
+            tokens: as_ragged(combined)?,
             aux_loss,
+            z_loss,
             sent,
-            received: plan.recv_counts().to_vec(),
-            dropped,
+            received,
+            dropped: t * k - m,
         })
     }
+
+    /// The layer on replicated tokens `[T, D]`; the output is replicated.
+    /// Expert parallel: each rank routes its chunk of the rows (chunk
+    /// rule) with [`forward_rows`](Self::forward_rows), and the rows are
+    /// gathered again. Expert tensor parallel: every rank routes every
+    /// token through its slices of the experts; one `all_sum` adds the
+    /// slices (and the shared experts' partial sums with them).
+    ///
+    /// # Errors
+    /// An MLX or collective error.
+    pub fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> Result<MoeOutput<Replicated>> {
+        let comm = x.comm().clone();
+        let n = comm.size();
+        match self.experts.as_ref() {
+            Experts::Parallel(_) => {
+                let chunk = x.clone().shard::<0>(s)?;
+                let rows = ShardedArray::<Ragged>::from_local(
+                    chunk.local().clone(),
+                    &comm,
+                    chunk.local().shape(),
+                )?;
+                let out = self.forward_rows(&rows, s)?;
+                let mut tokens = out.tokens.gather_rows(s)?;
+                if let Some(shared) = &self.shared {
+                    let y = shared.mlp.forward(x, s)?;
+                    let y = match &shared.gate {
+                        Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
+                        None => y,
+                    };
+                    tokens = tokens.add(&y, s)?;
+                }
+                Ok(MoeOutput {
+                    tokens,
+                    aux_loss: out.aux_loss,
+                    z_loss: out.z_loss,
+                    sent: out.sent,
+                    received: out.received,
+                    dropped: out.dropped,
+                })
+            }
+            Experts::TensorParallel(slices) => {
+                let local = x.local();
+                let t = usize::try_from(local.shape()[0]).unwrap_or(0);
+                let d = local.shape()[1];
+                let routing = self.route(local, s)?;
+                let m: usize = routing.kept.iter().sum();
+                let order = slice_axis(&routing.order, 0, 0, m, s)?;
+                let k = self.config.top_k as i32;
+                let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
+                let ids = take_rows(&routing.expert, &order, s)?;
+                let per_row = self.run_experts(
+                    &rows,
+                    &ids,
+                    (slices.gate.local(), slices.up.local(), slices.down.local()),
+                    s,
+                )?;
+                let routed = self.combine(&routing, &per_row, t, s)?;
+                let mut partial =
+                    ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
+                if let Some(shared) = &self.shared {
+                    let hidden = x
+                        .matmul(&shared.mlp.gate, s)?
+                        .silu(s)?
+                        .mul(&x.matmul(&shared.mlp.up, s)?, s)?;
+                    let y = hidden.matmul(&shared.mlp.down, s)?;
+                    let y = match &shared.gate {
+                        Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
+                        None => y,
+                    };
+                    partial = partial.add(&y, s)?;
+                }
+                let stats = host_f32(&routing.stats, s)?;
+                let (aux_loss, z_loss) = self.losses(&stats);
+                Ok(MoeOutput {
+                    tokens: partial.all_sum(s)?,
+                    aux_loss,
+                    z_loss,
+                    sent: vec![0; n],
+                    received: vec![0; n],
+                    dropped: t * self.config.top_k - m,
+                })
+            }
+        }
+    }
+}
+
+/// The per-expert tensor names of a Hugging Face MoE block, after
+/// `{prefix}experts.{e}.` and before `.weight`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HfExpertNames {
+    /// The router, after the prefix: `gate.weight`.
+    pub router: &'static str,
+    /// The gate projection `[H, D]`.
+    pub gate: &'static str,
+    /// The up projection `[H, D]`.
+    pub up: &'static str,
+    /// The down projection `[D, H]`.
+    pub down: &'static str,
+}
+
+impl HfExpertNames {
+    /// Mixtral's `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2`
+    /// (down).
+    pub const MIXTRAL: Self = Self {
+        router: "gate.weight",
+        gate: "w1",
+        up: "w3",
+        down: "w2",
+    };
+    /// Qwen2-MoE's and Qwen3-MoE's `mlp.experts.{e}.gate_proj`, `up_proj`,
+    /// `down_proj`.
+    pub const QWEN: Self = Self {
+        router: "gate.weight",
+        gate: "gate_proj",
+        up: "up_proj",
+        down: "down_proj",
+    };
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn disagreeing_expert_tensors_are_named() {
-        // Before: "Array split does not result in sub arrays with equal size".
         assert_eq!(
-            super::check_shapes("moe.", &[64, 8], &[6, 64, 128], &[8, 128, 64])
+            super::check_shapes("moe.", &[64, 8], &[6, 64, 128], &[6, 64, 128], &[8, 128, 64])
                 .unwrap_err()
                 .to_string(),
-            "w1's expert count (axis 0) differs from the router's (axis 1): moe.router is [64, 8], moe.w1 is [6, 64, 128], moe.w2 is [8, 128, 64]"
+            "gate's expert count (axis 0) differs from the router's (axis 1): moe.router is [64, 8], moe.gate is [6, 64, 128], moe.up is [6, 64, 128], moe.down is [8, 128, 64]"
         );
         assert_eq!(
-            super::check_shapes("", &[8, 64], &[8, 64, 128], &[8, 128, 64])
+            super::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 64, 96], &[8, 128, 64])
                 .unwrap_err()
                 .to_string(),
-            "w1's expert count (axis 0) differs from the router's (axis 1): router is [8, 64], w1 is [8, 64, 128], w2 is [8, 128, 64]"
+            "up's shape differs from gate's: router is [64, 8], gate is [8, 64, 128], up is [8, 64, 96], down is [8, 128, 64]"
         );
-        assert!(super::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 128, 64]).is_ok());
+        assert_eq!(
+            super::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 64, 128], &[8, 128, 64]).unwrap(),
+            (8, 64, 128)
+        );
+    }
+
+    #[test]
+    fn top_k_outside_the_experts_is_named() {
+        assert_eq!(
+            super::MoeConfig::new(9).check(8).unwrap_err().to_string(),
+            "top_k is 9; with 8 experts it must be 1 to 8"
+        );
+        assert_eq!(
+            super::MoeConfig::new(2)
+                .with_capacity_factor(0.0)
+                .check(8)
+                .unwrap_err()
+                .to_string(),
+            "capacity factor 0: it must be a positive number"
+        );
     }
 }

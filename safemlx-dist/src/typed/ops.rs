@@ -338,6 +338,14 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         Ok(self.map(self.local().multiply(&sig, s)?))
     }
 
+    /// `1 / (1 + e^-x)`. Not for `Partial`.
+    pub fn sigmoid(&self, s: &Stream) -> Result<Self>
+    where
+        P: Nonlinear,
+    {
+        Ok(self.map(safemlx::ops::sigmoid(self.local(), s)?))
+    }
+
     /// `0.5 x (1 + erf(x / sqrt 2))`. Not for `Partial`.
     pub fn gelu(&self, s: &Stream) -> Result<Self>
     where
