@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use safemlx::Array;
 use safemlx_dist::generate::Sampler;
-use safemlx_dist::models::{load_with, Weights};
+use safemlx_dist::models::{load_with, LoadOptions, Weights};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::{all_sum, init};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, values};
@@ -62,7 +62,16 @@ fn run() -> Result<(), String> {
         Weights::AsStored
     };
     let path = std::path::Path::new(&model_path);
-    let loaded = load_with(&group, path, weights, &s).map_err(err)?;
+    let loaded = load_with(
+        &group,
+        path,
+        LoadOptions {
+            weights,
+            ..LoadOptions::default()
+        },
+        &s,
+    )
+    .map_err(err)?;
     let model = &loaded.model;
     let prompt: Vec<u32> = (0..prompt_len)
         .map(|i| ((i * 7919) % 20000 + 100) as u32)

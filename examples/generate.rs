@@ -3,14 +3,17 @@
 //! ```text
 //! safemlx-launch -n N -- target/release/examples/generate [--model PATH]
 //!     [--prompt TEXT] [--chat] [--max-tokens K] [--temperature T]
-//!     [--top-p P] [--seed S] [--dequantize] [--check]
+//!     [--top-p P] [--seed S] [--dequantize] [--experts parallel|tensor-parallel]
+//!     [--check]
 //! ```
 //!
 //! `--model` is a Hugging Face directory or a `.gguf` file; the default is
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) in the cache, which `cargo xtask demo`
 //! fetches. Quantized weights (the GGUF's `Q4_1` and `Q8_0` blocks,
 //! mlx-community directories) stay quantized; `--dequantize` loads them as
-//! `float32` to compare. Rank 0 streams the text; every rank prints the
+//! `float32` to compare. An MoE model's (Mixtral, Qwen2-MoE, Qwen3-MoE)
+//! experts are split across ranks (`--experts parallel`, the default) or
+//! every expert sliced across them (`--experts tensor-parallel`). Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0 without peers), compares the prompt's logits (maximum relative
@@ -24,8 +27,9 @@ use std::time::Instant;
 use safemlx::Array;
 use safemlx_dist::checkpoint::{save, Checkpoint};
 use safemlx_dist::generate::{generate, Generated, Sampler};
-use safemlx_dist::models::{load_with, Loaded, Weights};
+use safemlx_dist::models::{load_with, LoadOptions, Loaded, Weights};
 use safemlx_dist::nn::gather_logits;
+use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{all_sum, init, Backend, Group};
 use safemlx_dist_examples::{backend_from_args, compare, cpu_stream, flag, values};
 
@@ -61,7 +65,7 @@ struct Options {
     temperature: f32,
     top_p: f32,
     seed: u64,
-    weights: Weights,
+    load: LoadOptions,
     check: bool,
 }
 
@@ -98,10 +102,21 @@ fn options() -> Result<Options, String> {
         temperature: number("--temperature", "0")? as f32,
         top_p: number("--top-p", "1")? as f32,
         seed: number("--seed", "0")? as u64,
-        weights: if has("--dequantize") {
-            Weights::Dequantized
-        } else {
-            Weights::AsStored
+        load: LoadOptions {
+            weights: if has("--dequantize") {
+                Weights::Dequantized
+            } else {
+                Weights::AsStored
+            },
+            experts: match flag("--experts").as_deref() {
+                None | Some("parallel") => ExpertPlacement::ExpertParallel,
+                Some("tensor-parallel") => ExpertPlacement::ExpertTensorParallel,
+                Some(other) => {
+                    return Err(format!(
+                        "--experts takes parallel (experts split across ranks) or tensor-parallel (every expert sliced), got {other:?}"
+                    ))
+                }
+            },
         },
         check: has("--check"),
     })
@@ -141,7 +156,7 @@ fn run() -> Result<(), String> {
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
     let started = Instant::now();
-    let loaded = load_with(&group, &o.model, o.weights, &s).map_err(err)?;
+    let loaded = load_with(&group, &o.model, o.load, &s).map_err(err)?;
     let load_seconds = started.elapsed().as_secs_f64();
     let prompt = prompt_tokens(&loaded, &o)?;
     let model = &loaded.model;

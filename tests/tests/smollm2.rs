@@ -155,14 +155,23 @@ fn smollm2_answers_the_same_greedy_tokens_at_one_and_two_ranks() {
 /// Q8_0 blocks kept quantized) at `group.size()` ranks, gathered, and those
 /// of the same file dequantized to float32.
 fn quantized_and_dequantized(group: &Group) {
-    use safemlx_dist::models::{load_with, Weights};
+    use safemlx_dist::models::{load_with, LoadOptions, Weights};
     use safemlx_dist::nn::gather_logits;
     use safemlx_dist_tests::dense::{host, max_relative_error};
     let s = cpu();
     let prompt = ids(&golden()["chat_ids"]);
     let t = prompt.len();
     let logits = |weights| {
-        let loaded = load_with(group, &model_path(), weights, &s).expect("loads");
+        let loaded = load_with(
+            group,
+            &model_path(),
+            LoadOptions {
+                weights,
+                ..LoadOptions::default()
+            },
+            &s,
+        )
+        .expect("loads");
         let mut cache = loaded.model.new_cache();
         let logits = loaded
             .model

@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use crate::checkpoint::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
+use crate::nn::{ExpertPlacement, Gating, HfExpertNames};
 
 /// Which member of the Llama family a model is; they differ only in a few
 /// switches (see [`LlamaConfig`]).
@@ -17,16 +18,65 @@ pub enum Family {
     Qwen2,
     /// Qwen3: an RMSNorm on each query and key head.
     Qwen3,
+    /// Mixtral: Mistral's attention, a mixture of experts in every layer
+    /// (`block_sparse_moe`, top-k then softmax).
+    Mixtral,
+    /// Qwen2-MoE: Qwen2's attention, routed experts beside a gated shared
+    /// expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: Qwen3's attention, routed experts (`norm_topk_prob`).
+    Qwen3Moe,
 }
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 4] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 7] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
         ("qwen3", Family::Qwen3),
+        ("mixtral", Family::Mixtral),
+        ("qwen2_moe", Family::Qwen2Moe),
+        ("qwen3_moe", Family::Qwen3Moe),
     ];
+}
+
+/// The mixture of experts of an MoE model's layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeSettings {
+    /// Routed experts `E` (`num_local_experts`, `num_experts`).
+    pub experts: usize,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Each expert's hidden dimension (`moe_intermediate_size`; Mixtral's
+    /// `intermediate_size`).
+    pub hidden: usize,
+    /// How gates are computed (Mixtral: top-k then softmax; Qwen: softmax
+    /// then top-k, renormalised with `norm_topk_prob`).
+    pub gating: Gating,
+    /// The shared expert's hidden dimension (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`), when there is one.
+    pub shared_hidden: Option<usize>,
+    /// Every `sparse_step`-th layer is an MoE (`decoder_sparse_step`, 1).
+    pub sparse_step: usize,
+    /// Layers that keep a dense MLP (`mlp_only_layers`).
+    pub mlp_only_layers: Vec<usize>,
+    /// The tensors' prefix in a layer (`block_sparse_moe.` or `mlp.`) and
+    /// their names.
+    pub block: &'static str,
+    /// The per-expert tensor names.
+    pub names: HfExpertNames,
+    /// Where the experts go when loaded (not in the checkpoint: a choice
+    /// of the run; expert parallel by default).
+    pub placement: ExpertPlacement,
+}
+
+impl MoeSettings {
+    /// Whether layer `i` is an MoE layer (the others have a dense MLP of
+    /// `intermediate_size`).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i) && (i + 1) % self.sparse_step == 0
+    }
 }
 
 /// How positions are scaled before the rotation.
@@ -94,6 +144,8 @@ pub struct LlamaConfig {
     pub eos_token_ids: Vec<u32>,
     /// The token that starts a sequence, when the model has one.
     pub bos_token_id: Option<u32>,
+    /// The experts of an MoE model (Mixtral, Qwen2-MoE, Qwen3-MoE).
+    pub moe: Option<MoeSettings>,
 }
 
 impl LlamaConfig {
@@ -213,9 +265,71 @@ impl LlamaConfig {
         };
         let bos_token_id = int("bos_token_id")?.and_then(|v| u32::try_from(v).ok());
         let sliding_window = match family {
-            Family::Mistral => int("sliding_window")?,
+            Family::Mistral | Family::Mixtral => int("sliding_window")?,
             _ => None,
         };
+        let moe = match family {
+            Family::Mixtral => Some(MoeSettings {
+                experts: need("num_local_experts")?,
+                top_k: need("num_experts_per_tok")?,
+                hidden: need("intermediate_size")?,
+                gating: Gating::TopKSoftmax,
+                shared_hidden: None,
+                sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+                block: "block_sparse_moe.",
+                names: HfExpertNames::MIXTRAL,
+                placement: ExpertPlacement::ExpertParallel,
+            }),
+            Family::Qwen2Moe | Family::Qwen3Moe => {
+                let mlp_only_layers = match json.get("mlp_only_layers") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(layers)) => layers
+                        .iter()
+                        .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+                        .collect::<Option<Vec<usize>>>()
+                        .ok_or_else(|| {
+                            fail(
+                                "\"mlp_only_layers\" has an entry that is not a layer index"
+                                    .to_owned(),
+                            )
+                        })?,
+                    Some(v) => {
+                        return Err(fail(format!(
+                            "\"mlp_only_layers\" is {v}, not a list of layer indices"
+                        )))
+                    }
+                };
+                Some(MoeSettings {
+                    experts: need("num_experts")?,
+                    top_k: need("num_experts_per_tok")?,
+                    hidden: need("moe_intermediate_size")?,
+                    gating: Gating::SoftmaxTopK {
+                        normalize: flag("norm_topk_prob")?.unwrap_or(false),
+                    },
+                    shared_hidden: match family {
+                        Family::Qwen2Moe => {
+                            int("shared_expert_intermediate_size")?.filter(|h| *h > 0)
+                        }
+                        _ => None,
+                    },
+                    sparse_step: int("decoder_sparse_step")?.unwrap_or(1).max(1),
+                    mlp_only_layers,
+                    block: "mlp.",
+                    names: HfExpertNames::QWEN,
+                    placement: ExpertPlacement::ExpertParallel,
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = &moe {
+            if m.top_k > m.experts {
+                return Err(fail(format!(
+                    "num_experts_per_tok ({}) exceeds the {} experts",
+                    m.top_k, m.experts
+                )));
+            }
+        }
         Ok(Self {
             family,
             vocab_size: need("vocab_size")?,
@@ -229,12 +343,14 @@ impl LlamaConfig {
             rope_theta,
             rope_scaling,
             tie_word_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
-            qkv_bias: family == Family::Qwen2 || flag("attention_bias")?.unwrap_or(false),
-            qk_norm: family == Family::Qwen3,
+            qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe)
+                || flag("attention_bias")?.unwrap_or(false),
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
             max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
             sliding_window,
             eos_token_ids,
             bos_token_id,
+            moe,
         })
     }
 
@@ -407,6 +523,12 @@ impl LlamaConfig {
         };
         let id =
             |k: &str| -> Result<Option<u32>> { Ok(int(k)?.and_then(|v| u32::try_from(v).ok())) };
+        if int(&key("expert_count"))?.unwrap_or(0) > 0 {
+            return Err(fail(format!(
+                "{} is set: mixture-of-experts GGUF files are not read here; use the model's Hugging Face directory",
+                key("expert_count")
+            )));
+        }
         let bias = file.tensors().contains_key("blk.0.attn_q.bias");
         if bias && family == Family::Llama {
             return Err(fail(
@@ -432,6 +554,7 @@ impl LlamaConfig {
             sliding_window: None,
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
+            moe: None,
         })
     }
 }
@@ -503,7 +626,7 @@ mod tests {
         j["model_type"] = "gpt2".into();
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3"
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe"
         );
         let mut j = smollm2();
         j["num_key_value_heads"] = 2.into();

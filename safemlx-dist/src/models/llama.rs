@@ -1,4 +1,5 @@
-//! The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2), tensor
+//! The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) and its
+//! mixture-of-experts members (Mixtral, Qwen2-MoE, Qwen3-MoE), tensor
 //! parallel over a group.
 //!
 //! ```text
@@ -7,6 +8,8 @@
 //!   x     = x + Attention(RMSNorm(x))              heads split, all_sum
 //!   x     = x + down(silu(gate(n)) * up(n)),  n = RMSNorm(x)
 //!                                                  hidden split, all_sum
+//!     or  x + sum_j g_j Expert_ej(n) (+ shared)    MoE layers: experts split
+//!                                                  (all_to_all_v) or sliced (all_sum)
 //! logits  = RMSNorm(x) W^T                         vocabulary columns per rank
 //! ```
 //!
@@ -22,8 +25,8 @@ use super::config::LlamaConfig;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, TensorSource};
 use crate::error::{Error, Result};
 use crate::nn::{
-    GqaAttention, GqaConfig, KvCache, QuantizedSwiGluMlp, QuantizedVocabParallelEmbedding, RmsNorm,
-    Rope, SwiGluMlp, VocabParallelEmbedding,
+    GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp,
+    QuantizedVocabParallelEmbedding, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
 };
 use crate::typed::{Sharded, ShardedArray};
 use crate::Group;
@@ -37,11 +40,13 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
-/// The MLP: float weights through the typed layer, or quantized ones.
+/// The MLP: float weights through the typed layer, quantized ones, or a
+/// mixture of experts.
 #[derive(Debug)]
 enum Mlp {
     Float(SwiGluMlp),
     Quantized(QuantizedSwiGluMlp),
+    Moe(Moe),
 }
 
 impl Mlp {
@@ -70,6 +75,7 @@ impl Mlp {
         match self {
             Self::Float(m) => m.forward(x, s),
             Self::Quantized(m) => m.forward(x, s),
+            Self::Moe(m) => Ok(m.forward(x, s)?.tokens),
         }
     }
 
@@ -80,6 +86,7 @@ impl Mlp {
                 .map(|a| a.nbytes())
                 .sum(),
             Self::Quantized(m) => m.nbytes(),
+            Self::Moe(m) => m.nbytes(),
         }
     }
 }
@@ -236,13 +243,40 @@ impl Llama {
                         s,
                     )?,
                     post_attention_norm: norm(&format!("{p}post_attention_layernorm.weight"))?,
-                    mlp: Mlp::load(
-                        group,
-                        dir,
-                        &format!("{p}mlp."),
-                        (c.hidden_size, c.intermediate_size),
-                        s,
-                    )?,
+                    mlp: match &c.moe {
+                        Some(m) if m.is_moe_layer(i) => {
+                            let prefix = format!("{p}{}", m.block);
+                            let probe = format!("{prefix}experts.0.{}.weight", m.names.gate);
+                            if dir.quantization(&probe).is_some() {
+                                return Err(Error::Model {
+                                    path: path.clone(),
+                                    message: format!(
+                                        "tensor `{probe}` is quantized; quantized experts are not supported yet: load the float model"
+                                    ),
+                                });
+                            }
+                            let config = MoeConfig::new(m.top_k)
+                                .with_gating(m.gating)
+                                .with_placement(m.placement);
+                            Mlp::Moe(Moe::from_hf(
+                                group,
+                                dir,
+                                &prefix,
+                                &m.names,
+                                (c.hidden_size, m.hidden, m.experts),
+                                m.shared_hidden,
+                                config,
+                                s,
+                            )?)
+                        }
+                        _ => Mlp::load(
+                            group,
+                            dir,
+                            &format!("{p}mlp."),
+                            (c.hidden_size, c.intermediate_size),
+                            s,
+                        )?,
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -3,7 +3,9 @@
 //!
 //! - [`llama`]: Llama 2/3, Mistral, Qwen2, Qwen3 and SmolLM2, from Hugging
 //!   Face directories (float or mlx-community quantized) and GGUF files
-//!   (see [`load`]); quantized weights stay quantized.
+//!   (see [`load`]); quantized weights stay quantized. Its MoE members,
+//!   Mixtral, Qwen2-MoE and Qwen3-MoE, from Hugging Face directories,
+//!   experts split across ranks or sliced ([`LoadOptions::experts`]).
 //!
 //! Every rank loads only its part of each tensor (heads, MLP columns,
 //! vocabulary rows); the logits equal those of the whole model computed in
@@ -17,11 +19,12 @@ use std::path::Path;
 
 use safemlx::Stream;
 
-pub use config::{Family, LlamaConfig, RopeScaling};
+pub use config::{Family, LlamaConfig, MoeSettings, RopeScaling};
 pub use llama::Llama;
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource};
 use crate::error::Result;
+use crate::nn::ExpertPlacement;
 use crate::tokenizer::Tokenizer;
 use crate::Group;
 
@@ -47,27 +50,40 @@ pub enum Weights {
     Dequantized,
 }
 
+/// How a model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadOptions {
+    /// Quantized tensors kept or dequantized.
+    pub weights: Weights,
+    /// Where an MoE model's experts go (expert parallel by default).
+    pub experts: ExpertPlacement,
+}
+
 /// Loads this rank's part of the model at `path`, quantized tensors kept
-/// quantized: see [`load_with`].
+/// quantized, experts split across ranks: see [`load_with`].
 ///
 /// # Errors
 /// Those of [`load_with`].
 pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
-    load_with(group, path, Weights::AsStored, s)
+    load_with(group, path, LoadOptions::default(), s)
 }
 
 /// Loads this rank's part of the model at `path`: a Hugging Face
 /// directory (`config.json`, safetensors, `tokenizer.json`) or a `.gguf`
-/// file, its quantized tensors as `weights` says.
+/// file, as `options` say.
 ///
 /// # Errors
 /// Those of the format's reader, the configuration and the tokenizer; the
 /// message names the file and what is wrong.
-pub fn load_with(group: &Group, path: &Path, weights: Weights, s: &Stream) -> Result<Loaded> {
+pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -> Result<Loaded> {
+    let weights = options.weights;
     let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
         let dir = HfDirectory::open(path)?;
         let tokenizer = Tokenizer::from_hf_dir(path)?;
-        let config = LlamaConfig::from_hf(dir.config(), &path.display().to_string())?;
+        let mut config = LlamaConfig::from_hf(dir.config(), &path.display().to_string())?;
+        if let Some(moe) = &mut config.moe {
+            moe.placement = options.experts;
+        }
         let model = match weights {
             Weights::AsStored => Llama::load(group, &dir, config, s)?,
             Weights::Dequantized => Llama::load(group, &Dequantized(&dir), config, s)?,

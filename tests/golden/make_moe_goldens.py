@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Tiny random mixture-of-experts models and their logits from mlx-lm.
+
+Writes, for each case below, a Hugging Face model directory under
+tests/golden/moe/CASE/: config.json, model.safetensors with Hugging Face
+tensor names (per-expert tensors, as the models ship), a small byte-level
+BPE tokenizer.json trained here (so `generate --model DIR` runs on them),
+and golden.safetensors holding a prompt ("tokens", I32) and mlx-lm's
+logits for it ("logits", F32 [T, V]). The Rust tests load the same
+directories with safemlx-dist at 1-4 ranks, both expert placements, and
+compare.
+
+Run once, commit the output; CI needs no Python:
+
+    python3 -m venv /tmp/golden && /tmp/golden/bin/pip install \
+        "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" numpy safetensors tokenizers
+    /tmp/golden/bin/python tests/golden/make_moe_goldens.py
+"""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.utils import load_model
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+OUT = Path(__file__).parent / "moe"
+VOCAB = 320
+TEXT = [
+    "The experts of a mixture split across ranks; each token visits its top experts.",
+    "Tensor parallel attention, expert parallel feed forward, one all to all each way.",
+    "Hello world. A small model answers a small question with a few tokens.",
+    "Routing on the device keeps the host out of the loop for every token.",
+] * 4
+
+BASE = {
+    "vocab_size": VOCAB,
+    "hidden_size": 48,
+    "num_hidden_layers": 2,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 4096,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+CASES = {
+    # 6 experts: uneven over 4 ranks (2 + 2 + 1 + 1); top-k then softmax.
+    "mixtral": dict(model_type="mixtral", num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=40,
+                    num_local_experts=6, num_experts_per_tok=2,
+                    rope_theta=1000000.0, sliding_window=None),
+    # Qwen3-MoE: q/k norms, head_dim 16, top-3 of 8 renormalised, layer 0
+    # a dense MLP (mlp_only_layers).
+    "qwen3-moe": dict(model_type="qwen3_moe", num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16,
+                      intermediate_size=64, moe_intermediate_size=24,
+                      num_experts=8, num_experts_per_tok=3,
+                      norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[0], rope_theta=1000000.0),
+    # Qwen2-MoE: q/k/v biases, top-2 of 5 without renormalising, a shared
+    # expert behind a sigmoid gate.
+    "qwen2-moe": dict(model_type="qwen2_moe", num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64,
+                      moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40, num_experts=5,
+                      num_experts_per_tok=2, norm_topk_prob=False,
+                      decoder_sparse_step=1, mlp_only_layers=[],
+                      rope_theta=1000000.0),
+}
+
+
+def weights(config, rng):
+    d, v = config["hidden_size"], config["vocab_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config.get("head_dim", d // heads)
+    family = config["model_type"]
+
+    def w(*shape, scale=0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(v, d, scale=0.15),
+         "model.norm.weight": (1.0 + w(d, scale=0.1)),
+         "lm_head.weight": w(v, d, scale=0.2)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d, scale=0.1)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d, scale=0.1)
+        t[p + "self_attn.q_proj.weight"] = w(heads * hd, d)
+        t[p + "self_attn.k_proj.weight"] = w(kv * hd, d)
+        t[p + "self_attn.v_proj.weight"] = w(kv * hd, d)
+        t[p + "self_attn.o_proj.weight"] = w(d, heads * hd)
+        if family == "qwen2_moe":
+            t[p + "self_attn.q_proj.bias"] = w(heads * hd, scale=0.1)
+            t[p + "self_attn.k_proj.bias"] = w(kv * hd, scale=0.1)
+            t[p + "self_attn.v_proj.bias"] = w(kv * hd, scale=0.1)
+        if family == "qwen3_moe":
+            t[p + "self_attn.q_norm.weight"] = 1.0 + w(hd, scale=0.1)
+            t[p + "self_attn.k_norm.weight"] = 1.0 + w(hd, scale=0.1)
+        if family == "mixtral":
+            e, h = config["num_local_experts"], config["intermediate_size"]
+            m = p + "block_sparse_moe."
+            t[m + "gate.weight"] = w(e, d, scale=0.5)
+            for x in range(e):
+                t[m + f"experts.{x}.w1.weight"] = w(h, d)
+                t[m + f"experts.{x}.w3.weight"] = w(h, d)
+                t[m + f"experts.{x}.w2.weight"] = w(d, h)
+        elif i in config["mlp_only_layers"]:
+            h = config["intermediate_size"]
+            t[p + "mlp.gate_proj.weight"] = w(h, d)
+            t[p + "mlp.up_proj.weight"] = w(h, d)
+            t[p + "mlp.down_proj.weight"] = w(d, h)
+        else:
+            e, h = config["num_experts"], config["moe_intermediate_size"]
+            m = p + "mlp."
+            t[m + "gate.weight"] = w(e, d, scale=0.5)
+            for x in range(e):
+                t[m + f"experts.{x}.gate_proj.weight"] = w(h, d)
+                t[m + f"experts.{x}.up_proj.weight"] = w(h, d)
+                t[m + f"experts.{x}.down_proj.weight"] = w(d, h)
+            if "shared_expert_intermediate_size" in config:
+                hs = config["shared_expert_intermediate_size"]
+                t[m + "shared_expert.gate_proj.weight"] = w(hs, d)
+                t[m + "shared_expert.up_proj.weight"] = w(hs, d)
+                t[m + "shared_expert.down_proj.weight"] = w(d, hs)
+                t[m + "shared_expert_gate.weight"] = w(1, d, scale=0.5)
+    return t
+
+
+def tokenizer():
+    """A byte-level BPE of at most VOCAB tokens, specials first."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB,
+                                  special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXT, trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    return tok
+
+
+def main():
+    tok = tokenizer()
+    prompt = tok.encode("Hello experts, route the tokens.").ids
+    for seed, (case, extra) in enumerate(sorted(CASES.items())):
+        config = {**BASE, **extra}
+        path = OUT / case
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(weights(config, np.random.default_rng(100 + seed)),
+                  path / "model.safetensors", metadata={"format": "pt"})
+        tok.save(str(path / "tokenizer.json"))
+        (path / "tokenizer_config.json").write_text(json.dumps(
+            {"bos_token": "<s>", "eos_token": "</s>"}, indent=2) + "\n")
+        model, _ = load_model(path)
+        logits = model(mx.array([prompt]))[0].astype(mx.float32)
+        golden = {"tokens": np.array(prompt, dtype=np.int32),
+                  "logits": np.array(logits)}
+        save_file(golden, path / "golden.safetensors")
+        print(f"{case}: {len(prompt)} tokens, logits {golden['logits'].shape}, "
+              f"argmax {golden['logits'].argmax(-1).tolist()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+//! Mixture-of-experts models from Hugging Face directories (Mixtral,
+//! Qwen3-MoE with a dense first layer, Qwen2-MoE with a gated shared
+//! expert) at 1, 2, 3 and 4 ranks, experts split across ranks and experts
+//! sliced: the prompt's logits equal mlx-lm's for the same weights (goldens
+//! made by `tests/golden/make_moe_goldens.py`), decoding with the KV cache
+//! equals the whole-sequence logits, every rank reads only its part; and
+//! the `generate` example runs them with `--check`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use safemlx_dist::checkpoint::HfDirectory;
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::models::{Llama, LlamaConfig};
+use safemlx_dist::nn::ExpertPlacement;
+use safemlx_dist::{Backend, Group};
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::models::{check_logits, golden};
+
+/// Every case of the golden script: (directory, what it covers).
+const CASES: [(&str, &str); 3] = [
+    ("mixtral", "6 experts, top-2, top-k then softmax"),
+    (
+        "qwen3-moe",
+        "8 experts, top-3 renormalised, dense layer 0, q/k norms",
+    ),
+    (
+        "qwen2-moe",
+        "5 experts, top-2, gated shared expert, q/k/v biases",
+    ),
+];
+
+const PLACEMENTS: [ExpertPlacement; 2] = [
+    ExpertPlacement::ExpertParallel,
+    ExpertPlacement::ExpertTensorParallel,
+];
+
+fn golden_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden/moe")
+        .join(case)
+}
+
+fn check_case(group: &Group, case: &str, about: &str, placement: ExpertPlacement) {
+    let s = cpu();
+    let (n, rank) = (group.size(), group.rank());
+    let what = format!(
+        "{case} ({about}), {}, rank {rank} of {n}",
+        placement.as_str()
+    );
+    let dir = HfDirectory::open(golden_dir(case)).expect("opens");
+    let mut config = LlamaConfig::from_hf(dir.config(), &golden_dir(case).display().to_string())
+        .expect("config");
+    let moe = config.moe.as_mut().expect("an MoE model");
+    moe.placement = placement;
+    let model = Llama::load(group, &dir, config, &s).expect("loads");
+    let total: u64 = dir
+        .names()
+        .map(|name| dir.info(name).expect("info").nbytes())
+        .sum();
+    if n > 1 {
+        let read = dir.bytes_read();
+        assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
+    }
+    let (prompt, want) = golden(&golden_dir(case).join("golden.safetensors"), &s);
+    check_logits(&model, &prompt, &want, &what);
+}
+
+fn all_cases(group: &Group) {
+    for placement in PLACEMENTS {
+        for (case, about) in CASES {
+            check_case(group, case, about, placement);
+        }
+    }
+}
+
+#[test]
+fn moe_model_logits_equal_mlx_lm_at_one_to_four_ranks() {
+    for n in 1..=4 {
+        Ranks::new(n)
+            .backend(Backend::Ring)
+            .run_test(all_cases)
+            .unwrap_or_else(|e| panic!("{n} ring ranks: {e}"));
+    }
+}
+
+#[test]
+fn moe_model_logits_equal_mlx_lm_under_mpi() {
+    Ranks::new(2)
+        .backend(Backend::Mpi)
+        .run_test(all_cases)
+        .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
+}
+
+/// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
+/// beside this test's directory.
+fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let path = exe.ancestors().nth(2).expect("target/<profile>").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `cargo build --release --examples --bin safemlx-launch`",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn generate_runs_mixtral_and_qwen3_moe_with_check() {
+    let (launcher, generate) = (built("safemlx-launch"), built("examples/generate"));
+    for case in ["mixtral", "qwen3-moe"] {
+        for (ranks, experts) in [
+            (1, "parallel"),
+            (2, "parallel"),
+            (4, "parallel"),
+            (2, "tensor-parallel"),
+        ] {
+            let out = Command::new(&launcher)
+                .args(["-n", &ranks.to_string(), "--timeout", "120", "--"])
+                .arg(&generate)
+                .arg("--model")
+                .arg(golden_dir(case))
+                .args(["--prompt", "Hello experts", "--max-tokens", "6"])
+                .args(["--experts", experts, "--check"])
+                .output()
+                .expect("safemlx-launch runs");
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                out.status.success(),
+                "{case} at {ranks} ranks, experts {experts}:\n{all}"
+            );
+            assert!(
+                all.contains(&format!("rank 0/{ranks}: --check against one process")),
+                "{case} at {ranks} ranks: no check line:\n{all}"
+            );
+            assert!(
+                all.contains("greedy tokens agree"),
+                "{case} at {ranks} ranks: greedy tokens differ:\n{all}"
+            );
+        }
+    }
+}
+
+/// A copy of golden model `case` whose `config.json` `edit` changes; the
+/// error loading it on one rank, with the directory written `DIR`.
+fn error_with_config(case: &str, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let dir = std::env::temp_dir().join(format!("safemlx-moe-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(golden_dir(case)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut json);
+    std::fs::write(path, json.to_string()).unwrap();
+    let group = safemlx_dist::init(false, Backend::Any).unwrap();
+    let error = HfDirectory::open(&dir)
+        .and_then(|d| Llama::from_hf(&group, &d, &cpu()))
+        .expect_err("a damaged model")
+        .to_string();
+    std::fs::remove_dir_all(&dir).ok();
+    error.replace(&dir.display().to_string(), "DIR")
+}
+
+#[test]
+fn configurations_that_disagree_with_the_experts_name_the_tensor_or_key() {
+    // One expert more than the file holds.
+    assert!(
+        error_with_config("mixtral", "experts", |j| j["num_local_experts"] = 7.into())
+            .starts_with("model DIR: tensor `model.layers.0.block_sparse_moe.gate.weight` has shape [6, 48] but the configuration gives [7, 48]"),
+    );
+    assert_eq!(
+        error_with_config("qwen3-moe", "hidden", |j| j["moe_intermediate_size"] = 32.into()),
+        "model DIR: tensor `model.layers.1.mlp.experts.0.gate_proj.weight` has shape [24, 48] but the configuration gives [32, 48]"
+    );
+    assert_eq!(
+        error_with_config("qwen2-moe", "topk", |j| j["num_experts_per_tok"] = 6.into()),
+        "model DIR: num_experts_per_tok (6) exceeds the 5 experts"
+    );
+    assert_eq!(
+        error_with_config("qwen3-moe", "noexperts", |j| {
+            j.as_object_mut().unwrap().remove("num_experts");
+        }),
+        "model DIR: config.json has no \"num_experts\""
+    );
+}
