@@ -18,7 +18,7 @@ use std::time::Instant;
 use safemlx::Array;
 use safemlx_dist::generate::Sampler;
 use safemlx_dist::models::{load_with, LoadOptions, Weights};
-use safemlx_dist::nn::gather_logits;
+use safemlx_dist::nn::{gather_logits, ExpertPlacement};
 use safemlx_dist::{all_sum, init};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, values};
 
@@ -61,20 +61,21 @@ fn run() -> Result<(), String> {
     } else {
         Weights::AsStored
     };
+    let experts = match flag("--experts").as_deref() {
+        None | Some("parallel") => ExpertPlacement::ExpertParallel,
+        Some("tensor-parallel") => ExpertPlacement::ExpertTensorParallel,
+        Some(other) => {
+            return Err(format!(
+                "--experts takes parallel or tensor-parallel, got {other:?}"
+            ))
+        }
+    };
     let path = std::path::Path::new(&model_path);
-    let loaded = load_with(
-        &group,
-        path,
-        LoadOptions {
-            weights,
-            ..LoadOptions::default()
-        },
-        &s,
-    )
-    .map_err(err)?;
+    let loaded = load_with(&group, path, LoadOptions { weights, experts }, &s).map_err(err)?;
     let model = &loaded.model;
+    let vocab = model.config().vocab_size;
     let prompt: Vec<u32> = (0..prompt_len)
-        .map(|i| ((i * 7919) % 20000 + 100) as u32)
+        .map(|i| (((i * 7919) % 20000 + 100) % vocab) as u32)
         .collect();
 
     let next_token = |logits: &safemlx_dist::ShardedArray<safemlx_dist::Sharded<1>>,
@@ -129,6 +130,7 @@ fn run() -> Result<(), String> {
             "decode_tokens_per_s": median(decode_runs),
             "all_sum_4k_us": median(latencies),
             "weight_bytes_per_rank": model.weight_bytes(),
+            "experts": model.config().moe.as_ref().map(|_| experts.as_str()),
         });
         println!("{row}");
         let mut file = std::fs::OpenOptions::new()

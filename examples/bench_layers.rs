@@ -18,7 +18,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx::{Array, Stream};
-use safemlx_dist::nn::{Moe, MoeConfig, ShardedAttention, SwiGluMlp};
+use safemlx_dist::nn::{
+    ExpertMatmul, ExpertPlacement, Moe, MoeConfig, ShardedAttention, SwiGluMlp,
+};
 use safemlx_dist::{all_max, all_sum, init, CollectiveProfile, Group, Ragged, ShardedArray};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, dense, flag, weights};
 
@@ -46,6 +48,10 @@ struct Config {
     heads: i32,
     experts: i32,
     top_k: usize,
+    /// MoE: experts split (`parallel`) or sliced (`tensor-parallel`).
+    placement: ExpertPlacement,
+    /// MoE: grouped matmuls, one per local expert, or by device.
+    matmul: ExpertMatmul,
     iters: usize,
 }
 
@@ -67,6 +73,25 @@ impl Config {
             heads: int("--heads", 16)?,
             experts: int("--experts", 8)?,
             top_k: number("--top-k", 2)?,
+            placement: match flag("--placement").as_deref() {
+                None | Some("parallel") => ExpertPlacement::ExpertParallel,
+                Some("tensor-parallel") => ExpertPlacement::ExpertTensorParallel,
+                Some(other) => {
+                    return Err(format!(
+                        "--placement takes parallel or tensor-parallel, got {other:?}"
+                    ))
+                }
+            },
+            matmul: match flag("--expert-matmul").as_deref() {
+                None | Some("auto") => ExpertMatmul::Auto,
+                Some("grouped") => ExpertMatmul::Grouped,
+                Some("per-expert") => ExpertMatmul::PerExpert,
+                Some(other) => {
+                    return Err(format!(
+                        "--expert-matmul takes auto, grouped or per-expert, got {other:?}"
+                    ))
+                }
+            },
             iters: number("--iters", 5)?.max(1),
             layer,
         })
@@ -78,8 +103,12 @@ impl Config {
             "mlp" => format!(r#""hidden":{}"#, self.hidden),
             "attention" => format!(r#""heads":{}"#, self.heads),
             _ => format!(
-                r#""hidden":{},"experts":{},"top_k":{}"#,
-                self.hidden, self.experts, self.top_k
+                r#""hidden":{},"experts":{},"top_k":{},"placement":"{}","expert_matmul":"{:?}""#,
+                self.hidden,
+                self.experts,
+                self.top_k,
+                self.placement.as_str(),
+                self.matmul
             ),
         };
         format!(
@@ -158,9 +187,11 @@ fn sharded_step<'a>(
             })
         }
         _ => {
+            let mut config = MoeConfig::new(c.top_k).with_placement(c.placement);
+            config = config.with_expert_matmul(c.matmul);
             let moe = Moe::from_full(
                 group,
-                MoeConfig::new(c.top_k),
+                config,
                 w[0].clone(),
                 w[1].clone(),
                 w[2].clone(),
@@ -168,7 +199,16 @@ fn sharded_step<'a>(
                 s,
             )
             .map_err(err)?;
-            // Each rank routes its chunk of the tokens.
+            if c.placement == ExpertPlacement::ExpertTensorParallel {
+                // Every rank routes every token through its expert slices.
+                let x = ShardedArray::replicated(inputs.x.clone(), group);
+                return Ok(Box::new(move || {
+                    safemlx_dist::eval(&[moe.forward(&x, s).map_err(err)?.tokens.local()])
+                        .map_err(err)?;
+                    Ok(())
+                }));
+            }
+            // Expert parallel: each rank routes its chunk of the tokens.
             let n = group.size() as i32;
             if c.tokens % n != 0 {
                 return Err(format!("--tokens {} must divide over {n} ranks", c.tokens));

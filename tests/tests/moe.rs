@@ -11,7 +11,9 @@
 
 use safemlx::Array;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp};
+use safemlx_dist::nn::{
+    ExpertMatmul, ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp,
+};
 use safemlx_dist::{Group, Ragged, ShardedArray};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error, DenseGating, DenseMoe, DenseShared};
@@ -30,7 +32,7 @@ struct Case {
     skewed: bool,
     shared: bool,
     capacity: Option<f32>,
-    per_expert_loop: bool,
+    matmul: ExpertMatmul,
 }
 
 impl Case {
@@ -43,7 +45,8 @@ impl Case {
             skewed: false,
             shared: false,
             capacity: None,
-            per_expert_loop: false,
+            // The grouped matmuls, which Auto leaves to GPU streams.
+            matmul: ExpertMatmul::Grouped,
         }
     }
 }
@@ -115,9 +118,7 @@ fn layer(group: &Group, case: &Case, placement: ExpertPlacement, w: &DenseMoe) -
     if let Some(f) = case.capacity {
         config = config.with_capacity_factor(f);
     }
-    if case.per_expert_loop {
-        config = config.with_per_expert_loop();
-    }
+    config = config.with_expert_matmul(case.matmul);
     let moe = Moe::from_full(
         group,
         config,
@@ -312,7 +313,7 @@ fn all_cases(group: &Group) {
     check_rows(
         group,
         Case {
-            per_expert_loop: true,
+            matmul: ExpertMatmul::PerExpert,
             ..Case::new(10, 2)
         },
     );
@@ -337,7 +338,7 @@ fn all_cases(group: &Group) {
                 ..Case::new(3, 1)
             },
             Case {
-                per_expert_loop: true,
+                matmul: ExpertMatmul::PerExpert,
                 shared: true,
                 ..Case::new(10, 3)
             },

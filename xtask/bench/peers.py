@@ -16,7 +16,16 @@
                                  PROMPT tokens and DECODE greedy steps;
                                  appends one JSON line per peer to OUT
 
-The prompt is the token ids (i * 7919) % 20000 + 100, as bench_generate's.
+    peers.py make-moe DIR TOKENIZER_DIR
+                                 a random small Mixtral-layout model (D 512,
+                                 4 layers, 8 experts of hidden 1024, top-2)
+                                 with TOKENIZER_DIR's tokenizer, for
+                                 `cargo xtask bench moe`
+    peers.py moe-peer DIR OUT PROMPT DECODE THREADS
+                                 mlx-lm on DIR, as `run` does
+
+The prompt is the token ids ((i * 7919) % 20000 + 100) % V, as
+bench_generate's (V the vocabulary size).
 THREADS is "1" or "all"; the caller sets OPENBLAS_NUM_THREADS for MLX.
 """
 
@@ -122,8 +131,59 @@ def convert_quantized(gguf_path, out):
     write_dir(out, meta, tensors, quantization)
 
 
-def prompt(n):
-    return [(i * 7919) % 20000 + 100 for i in range(n)]
+def prompt(n, vocab=1 << 30):
+    return [((i * 7919) % 20000 + 100) % vocab for i in range(n)]
+
+
+def make_moe(out, tokenizer_dir):
+    from safetensors.numpy import save_file
+    import shutil
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "mixtral", "vocab_size": 320, "hidden_size": 512,
+              "intermediate_size": 1024, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "num_key_value_heads": 4,
+              "num_local_experts": 8, "num_experts_per_tok": 2,
+              "rms_norm_eps": 1e-5, "rope_theta": 1e6, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": "float32"}
+    rng = np.random.default_rng(0)
+    d, h, v, e = 512, 1024, 320, 8
+    hd = d // 8
+
+    def w(*shape, scale=0.05):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1.0 + w(d),
+         "lm_head.weight": w(v, d)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+        t[p + "self_attn.q_proj.weight"] = w(8 * hd, d)
+        t[p + "self_attn.k_proj.weight"] = w(4 * hd, d)
+        t[p + "self_attn.v_proj.weight"] = w(4 * hd, d)
+        t[p + "self_attn.o_proj.weight"] = w(d, 8 * hd)
+        t[p + "block_sparse_moe.gate.weight"] = w(e, d, scale=0.5)
+        for x in range(e):
+            for name, shape in [("w1", (h, d)), ("w3", (h, d)), ("w2", (d, h))]:
+                t[p + f"block_sparse_moe.experts.{x}.{name}.weight"] = w(*shape)
+    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(Path(tokenizer_dir) / name, out / name)
+
+
+def moe_peer(hf_dir, out, n_prompt, decode, threads):
+    ids, decode = prompt(int(n_prompt), 320), int(decode)
+    pre, dec = run_mlx_lm(hf_dir, ids, decode)
+    row = {"impl": "mlx-lm", "backend": "none", "ranks": 1, "threads": threads,
+           "model": hf_dir, "weights": "f32", "prompt_tokens": len(ids),
+           "decode_tokens": decode, "prefill_tokens_per_s": len(ids) / median(pre),
+           "decode_tokens_per_s": median(dec)}
+    with open(out, "a") as f:
+        print(json.dumps(row))
+        f.write(json.dumps(row) + "\n")
 
 
 def median(v):
@@ -198,6 +258,10 @@ def main():
         return convert(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "convert-quantized":
         return convert_quantized(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make-moe":
+        return make_moe(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "moe-peer":
+        return moe_peer(*sys.argv[2:7])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]
     ids, decode = prompt(int(n_prompt)), int(decode)
     rows = []

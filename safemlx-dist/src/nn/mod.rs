@@ -24,8 +24,8 @@ pub use kv_cache::{KvCache, LayerCache};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use mlp::SwiGluMlp;
 pub use moe::{
-    ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe, MoeConfig, MoeOutput,
-    SharedExperts,
+    ExpertMatmul, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe,
+    MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use projection::Projection;

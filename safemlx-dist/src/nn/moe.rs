@@ -14,10 +14,12 @@
 //! Routing stays on the device: the top-k (`argpartition`), the counts per
 //! expert and the order of the routed rows are MLX arrays; only the `E`
 //! counts come to the host, to size the `all_to_all_v`. The local experts
-//! run as three grouped matmuls (`gather_mm` on rows sorted by expert).
+//! run as three grouped matmuls (`gather_mm` on rows sorted by expert) on
+//! GPU streams, and as one matmul per local expert on CPU streams, where
+//! MLX's `gather_mm` multiplies row by row (see [`ExpertMatmul`]).
 
 use safemlx::ops;
-use safemlx::{Array, Dtype, Stream};
+use safemlx::{Array, DeviceType, Dtype, Stream};
 
 use super::SwiGluMlp;
 use crate::checkpoint::{Checkpoint, TensorSource};
@@ -67,6 +69,22 @@ impl ExpertPlacement {
     }
 }
 
+/// How the local experts multiply their rows (sorted by expert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertMatmul {
+    /// [`Grouped`](Self::Grouped) on GPU streams, [`PerExpert`](Self::PerExpert)
+    /// on CPU streams: MLX's CPU `gather_mm` is one vector-matrix product
+    /// per row, 5.7x slower than the loop at 64 experts, top-8 (measured:
+    /// see the book's MoE chapter).
+    #[default]
+    Auto,
+    /// Three `gather_mm` calls over all rows (one kernel each on a GPU).
+    Grouped,
+    /// One matmul per local expert on its run of rows (needs the rows per
+    /// expert on the host).
+    PerExpert,
+}
+
 /// The routing of an MoE layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MoeConfig {
@@ -83,15 +101,13 @@ pub struct MoeConfig {
     pub capacity_factor: Option<f32>,
     /// Where the experts live.
     pub placement: ExpertPlacement,
-    /// `true` (the default): the local experts as grouped matmuls
-    /// (`gather_mm`); `false`: one matmul per local expert, the loop the
-    /// grouped form replaces (kept to benchmark it).
-    pub grouped_matmul: bool,
+    /// How the local experts multiply (automatic by default).
+    pub expert_matmul: ExpertMatmul,
 }
 
 impl MoeConfig {
     /// Top-`k` routing with renormalised softmax gates, expert parallel,
-    /// dropless, grouped matmuls.
+    /// dropless, expert matmuls chosen by device.
     pub fn new(top_k: usize) -> Self {
         Self {
             top_k,
@@ -99,7 +115,7 @@ impl MoeConfig {
             routed_scaling: 1.0,
             capacity_factor: None,
             placement: ExpertPlacement::ExpertParallel,
-            grouped_matmul: true,
+            expert_matmul: ExpertMatmul::Auto,
         }
     }
 
@@ -127,9 +143,9 @@ impl MoeConfig {
         self
     }
 
-    /// One matmul per local expert instead of grouped matmuls.
-    pub fn with_per_expert_loop(mut self) -> Self {
-        self.grouped_matmul = false;
+    /// With `matmul` for the local experts.
+    pub fn with_expert_matmul(mut self, matmul: ExpertMatmul) -> Self {
+        self.expert_matmul = matmul;
         self
     }
 
@@ -735,7 +751,12 @@ impl Moe {
         )?;
         let sorted_rows = rows.take_axis(&perm, 0, s)?;
         let sorted_ids = ids.take_axis(&perm, 0, s)?;
-        let out = if self.config.grouped_matmul {
+        let grouped = match self.config.expert_matmul {
+            ExpertMatmul::Grouped => true,
+            ExpertMatmul::PerExpert => false,
+            ExpertMatmul::Auto => s.get_device()?.get_type()? != DeviceType::Cpu,
+        };
+        let out = if grouped {
             let ids = sorted_ids.as_dtype(Dtype::Uint32, s)?;
             let x = sorted_rows.expand_dims(1, s)?; // [r, 1, D]
             let mm = |a: &Array, w: &Array| ops::gather_mm(a, w, None, &ids, true, s);

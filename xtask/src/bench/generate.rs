@@ -32,7 +32,7 @@ const PEERS: &[&str] = &[
 ];
 
 /// The peers' Python, installing the environment the first time.
-fn peers_python() -> Result<PathBuf, String> {
+pub(super) fn peers_python() -> Result<PathBuf, String> {
     let venv = cmd::cache_root().join("bench-venv");
     let python = venv.join("bin").join("python");
     let ready = venv.join(".ready");

@@ -1,9 +1,10 @@
-//! `cargo xtask bench collectives|layers|generate`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate|moe`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
 mod generate;
 mod layers;
+mod moe;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,8 +18,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("collectives") | None => collectives::run(),
         Some("layers") => layers::run(),
         Some("generate") => generate::run(),
+        Some("moe") => moe::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives, layers or generate"
+            "unknown benchmark {other:?}; expected: collectives, layers, generate or moe"
         )),
     }
 }

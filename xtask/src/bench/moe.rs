@@ -1,0 +1,232 @@
+//! `cargo xtask bench moe`: the MoE layer (D 1024, 64 experts of hidden
+//! 512, top-8, 2048 tokens) at 1, 2 and 4 ranks on ring and MPI, experts
+//! split (expert parallel) and sliced (expert tensor parallel), beside the
+//! dense single-process layer and, on one rank, its grouped matmuls beside
+//! the per-expert loop; then a small random Mixtral-layout model's prefill
+//! and decode at 1, 2 and 4 ranks in both placements, beside mlx-lm on the
+//! same weights. JSON lines in `target/bench/moe.jsonl` (layer rows have
+//! `"layer"`, model rows `"impl"`), then a table and the targets' ratios.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::generate::peers_python;
+use super::{finish, launch, prepare};
+use crate::cmd;
+
+const LAYER: [&str; 12] = [
+    "--layer",
+    "moe",
+    "--tokens",
+    "2048",
+    "--d-model",
+    "1024",
+    "--experts",
+    "64",
+    "--hidden",
+    "512",
+    "--top-k",
+    "8",
+];
+const ITERS: [&str; 2] = ["--iters", "3"];
+const PROMPT: &str = "128";
+const DECODE: &str = "32";
+const PLACEMENTS: [&str; 2] = ["parallel", "tensor-parallel"];
+
+pub fn run() -> Result<(), String> {
+    let (release, out) = prepare("moe.jsonl")?;
+    let program = release.join("examples").join("bench_layers");
+    for threads in ["1", "all"] {
+        let mut dense = Command::new(&program);
+        dense
+            .args(LAYER)
+            .args(ITERS)
+            .args(["--dense", "--threads", threads, "--out"])
+            .arg(&out);
+        if threads == "1" {
+            dense.env("OPENBLAS_NUM_THREADS", "1");
+        } else {
+            dense.env_remove("OPENBLAS_NUM_THREADS");
+        }
+        cmd::run(dense)?;
+    }
+    for matmul in ["grouped", "per-expert"] {
+        let mut args = LAYER.to_vec();
+        args.extend(ITERS);
+        args.extend(["--expert-matmul", matmul]);
+        launch(&release, ("1", "ring"), "bench_layers", &args, &out)?;
+    }
+    for backend in ["ring", "mpi"] {
+        for ranks in ["2", "4"] {
+            for placement in PLACEMENTS {
+                let mut args = LAYER.to_vec();
+                args.extend(ITERS);
+                args.extend(["--placement", placement]);
+                launch(&release, (ranks, backend), "bench_layers", &args, &out)?;
+            }
+        }
+    }
+
+    // The model: written once into the cache by the peers' Python.
+    let python = peers_python()?;
+    let model = cmd::cache_root()
+        .join("models")
+        .join("mixtral-small-random");
+    if !model.join("config.json").is_file() {
+        let mut make = Command::new(&python);
+        make.arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg("make-moe")
+            .arg(&model)
+            .arg(cmd::root().join("tests/golden/moe/mixtral"));
+        cmd::run(make)?;
+    }
+    let path = model.display().to_string();
+    for backend in ["ring", "mpi"] {
+        for (ranks, placements) in [
+            ("1", &PLACEMENTS[..1]),
+            ("2", &PLACEMENTS[..]),
+            ("4", &PLACEMENTS[..]),
+        ] {
+            for placement in placements {
+                let args = [
+                    "--model",
+                    path.as_str(),
+                    "--prompt-tokens",
+                    PROMPT,
+                    "--decode-tokens",
+                    DECODE,
+                    "--experts",
+                    placement,
+                ];
+                launch(&release, (ranks, backend), "bench_generate", &args, &out)?;
+            }
+        }
+    }
+    let mut peer = Command::new(&python);
+    peer.arg(cmd::root().join("xtask/bench/peers.py"))
+        .arg("moe-peer")
+        .arg(&model)
+        .arg(&out)
+        .args([PROMPT, DECODE, "1"])
+        .env("OPENBLAS_NUM_THREADS", "1")
+        .env("OMP_NUM_THREADS", "1");
+    cmd::run(peer)?;
+    report(&finish(&out)?);
+    Ok(())
+}
+
+fn layer<'a>(
+    rows: &'a [Value],
+    backend: &str,
+    ranks: u64,
+    placement: &str,
+    matmul: &str,
+) -> Option<&'a Value> {
+    rows.iter().find(|r| {
+        r["layer"] == "moe"
+            && r["backend"] == backend
+            && r["ranks"].as_u64() == Some(ranks)
+            && (backend == "dense" || r["placement"] == placement)
+            && (backend == "dense" || r["expert_matmul"] == matmul)
+            && (backend != "dense" || r["threads"] == "1")
+    })
+}
+
+fn model<'a>(rows: &'a [Value], backend: &str, ranks: u64, placement: &str) -> Option<&'a Value> {
+    rows.iter().find(|r| {
+        r["impl"] == "safemlx-dist"
+            && r["backend"] == backend
+            && r["ranks"].as_u64() == Some(ranks)
+            && r["experts"] == placement
+    })
+}
+
+fn report(rows: &[Value]) {
+    let speed = |r: Option<&Value>| r.and_then(|r| r["tokens_per_s"].as_f64());
+    let dense = speed(layer(rows, "dense", 1, "", ""));
+    println!(
+        "{:<6} {:>5} {:<24} {:<11} {:>7} {:>10} {:>10} {:>9} {:>12}",
+        "backend",
+        "ranks",
+        "placement",
+        "matmul",
+        "threads",
+        "ms/step",
+        "tokens/s",
+        "vs dense",
+        "collectives"
+    );
+    for row in rows.iter().filter(|r| r["layer"] == "moe") {
+        let tokens_per_s = row["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<6} {:>5} {:<24} {:<11} {:>7} {:>10.1} {:>10.0} {:>8.2}x {:>11.1}%",
+            row["backend"].as_str().unwrap_or_default(),
+            row["ranks"].as_u64().unwrap_or_default(),
+            // The dense layer is examples/dense.rs: host routing, one
+            // matmul per expert.
+            if row["backend"] == "dense" {
+                "-"
+            } else {
+                row["placement"].as_str().unwrap_or("-")
+            },
+            if row["backend"] == "dense" {
+                "-"
+            } else {
+                row["expert_matmul"].as_str().unwrap_or("-")
+            },
+            row["threads"].as_str().unwrap_or_default(),
+            row["seconds_median"].as_f64().unwrap_or(f64::NAN) * 1e3,
+            tokens_per_s,
+            tokens_per_s / dense.unwrap_or(f64::NAN),
+            row["collective_share"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+    println!(
+        "{:<12} {:<6} {:>5} {:<24} {:>10} {:>10}",
+        "model", "backend", "ranks", "experts", "prefill/s", "decode/s"
+    );
+    for row in rows.iter().filter(|r| r.get("impl").is_some()) {
+        println!(
+            "{:<12} {:<6} {:>5} {:<24} {:>10.1} {:>10.1}",
+            row["impl"].as_str().unwrap_or_default(),
+            row["backend"].as_str().unwrap_or_default(),
+            row["ranks"].as_u64().unwrap_or_default(),
+            row["experts"].as_str().unwrap_or("-"),
+            row["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+            row["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let grouped = speed(layer(rows, "ring", 1, "expert parallel", "Grouped"));
+    let looped = speed(layer(rows, "ring", 1, "expert parallel", "PerExpert"));
+    if let (Some(g), Some(l)) = (grouped, looped) {
+        println!(
+            "target: grouped matmuls vs the per-expert loop, 64 experts, top-8, one rank: {:.2}x the tokens/s (goal >= 2x)",
+            g / l
+        );
+    }
+    for backend in ["ring", "mpi"] {
+        if let (Some(ep), Some(d)) = (
+            speed(layer(rows, backend, 2, "expert parallel", "Auto")),
+            dense,
+        ) {
+            println!(
+                "target: MoE layer {backend} x2 expert parallel vs dense (one thread each): {:.2}x the tokens/s (goal >= 1.7x)",
+                ep / d
+            );
+        }
+    }
+    let decode = |ranks, placement| {
+        model(rows, "mpi", ranks, placement).and_then(|r| r["decode_tokens_per_s"].as_f64())
+    };
+    let best = ["expert parallel", "expert tensor parallel"]
+        .into_iter()
+        .filter_map(|p| decode(2, p).map(|v| (v, p)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let (Some((two, placement)), Some(one)) = (best, decode(1, "expert parallel")) {
+        println!(
+            "target: MoE model decode, MPI x2 ({placement}) vs 1 rank: {:.2}x the tokens/s (goal >= 1.2x)",
+            two / one
+        );
+    }
+}
