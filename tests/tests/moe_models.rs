@@ -92,6 +92,112 @@ fn moe_model_logits_equal_mlx_lm_under_mpi() {
         .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
 }
 
+/// Rank 0 writes `case` again in Transformers 5's layout (experts stacked
+/// as `mlp.experts.gate_up_proj` `[E, 2H, D]` and `mlp.experts.down_proj`
+/// `[E, D, H]`, Mixtral's `block_sparse_moe.` renamed `mlp.`); every rank
+/// waits for it and gets its path.
+fn stacked_dir(group: &Group, case: &str) -> PathBuf {
+    let s = cpu();
+    // The ranks are children of one test process: its pid names the copy.
+    let dir = std::env::temp_dir().join(format!(
+        "safemlx-moe-stacked-{case}-{}-{}",
+        group.size(),
+        std::os::unix::process::parent_id()
+    ));
+    if group.rank() == 0 {
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = HfDirectory::open(golden_dir(case)).expect("opens");
+        let config: serde_json::Value = source.config().clone();
+        let experts = config["num_local_experts"]
+            .as_u64()
+            .or(config["num_experts"].as_u64())
+            .unwrap() as usize;
+        let mut tensors: Vec<(String, safemlx::Array)> = Vec::new();
+        let mut names: Vec<String> = source.names().map(str::to_owned).collect();
+        names.sort();
+        let (gate, up, down) = if case == "mixtral" {
+            ("w1", "w3", "w2")
+        } else {
+            ("gate_proj", "up_proj", "down_proj")
+        };
+        let mut layers = std::collections::BTreeSet::new();
+        for name in &names {
+            if let Some((layer, _)) = name.split_once(".experts.") {
+                layers.insert(layer.to_owned());
+            } else {
+                let renamed = name.replace(".block_sparse_moe.", ".mlp.");
+                tensors.push((renamed, source.read(name, &s).unwrap()));
+            }
+        }
+        for layer in layers {
+            let read = |e: usize, which: &str| {
+                source
+                    .read(&format!("{layer}.experts.{e}.{which}.weight"), &s)
+                    .unwrap()
+                    .expand_dims(0, &s)
+                    .unwrap()
+            };
+            let stack = |parts: Vec<safemlx::Array>, axis| {
+                safemlx::ops::concatenate_axis(&parts, axis, &s).unwrap()
+            };
+            let gate_up: Vec<_> = (0..experts)
+                .map(|e| stack(vec![read(e, gate), read(e, up)], 1))
+                .collect();
+            let downs: Vec<_> = (0..experts).map(|e| read(e, down)).collect();
+            let layer = layer.replace(".block_sparse_moe", ".mlp");
+            tensors.push((format!("{layer}.experts.gate_up_proj"), stack(gate_up, 0)));
+            tensors.push((format!("{layer}.experts.down_proj"), stack(downs, 0)));
+        }
+        safemlx_dist::checkpoint::save(dir.join("model.safetensors"), &tensors, &s).unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    }
+    let token = safemlx_dist::all_sum(&safemlx::Array::from_f32(1.0), group, &s).unwrap();
+    safemlx_dist::eval(&[&token]).unwrap();
+    dir
+}
+
+/// The stacked copies give the same logits, each rank reading only its
+/// experts when they are split.
+#[test]
+fn stacked_experts_of_transformers_5_give_the_same_logits() {
+    for n in [1, 2, 3] {
+        Ranks::new(n)
+            .run_test(|group| {
+                let s = cpu();
+                for (case, _) in &CASES[..2] {
+                    let dir = stacked_dir(group, case);
+                    for placement in PLACEMENTS {
+                        let what = format!(
+                            "stacked {case}, {}, rank {} of {n}",
+                            placement.as_str(),
+                            group.rank()
+                        );
+                        let source = HfDirectory::open(&dir).expect("opens");
+                        let mut config =
+                            LlamaConfig::from_hf(source.config(), "stacked").expect("config");
+                        config.moe.as_mut().unwrap().placement = placement;
+                        let model = Llama::load(group, &source, config, &s).expect("loads");
+                        if n > 1 && placement == ExpertPlacement::ExpertParallel {
+                            let total: u64 = source
+                                .names()
+                                .map(|name| source.info(name).expect("info").nbytes())
+                                .sum();
+                            let read = source.bytes_read();
+                            assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
+                        }
+                        let (prompt, want) =
+                            golden(&golden_dir(case).join("golden.safetensors"), &s);
+                        check_logits(&model, &prompt, &want, &what);
+                    }
+                    if group.rank() == 0 {
+                        std::fs::remove_dir_all(&dir).ok();
+                    }
+                }
+            })
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
 /// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
 /// beside this test's directory.
 fn built(name: &str) -> PathBuf {

@@ -245,9 +245,20 @@ impl Llama {
                     post_attention_norm: norm(&format!("{p}post_attention_layernorm.weight"))?,
                     mlp: match &c.moe {
                         Some(m) if m.is_moe_layer(i) => {
-                            let prefix = format!("{p}{}", m.block);
-                            let probe = format!("{prefix}experts.0.{}.weight", m.names.gate);
-                            if dir.quantization(&probe).is_some() {
+                            // Transformers 5 writes Mixtral's block as `mlp.`.
+                            let block = if dir.contains(&format!("{p}{}gate.weight", m.block)) {
+                                m.block
+                            } else {
+                                "mlp."
+                            };
+                            let prefix = format!("{p}{block}");
+                            let probe = [
+                                format!("{prefix}experts.0.{}.weight", m.names.gate),
+                                format!("{prefix}experts.gate_up_proj"),
+                            ]
+                            .into_iter()
+                            .find(|name| dir.quantization(name).is_some());
+                            if let Some(probe) = probe {
                                 return Err(Error::Model {
                                     path: path.clone(),
                                     message: format!(

@@ -442,7 +442,9 @@ impl Moe {
     /// Reads this rank's part of a Hugging Face MoE block at `prefix`
     /// (e.g. `model.layers.3.mlp.`): the router `{prefix}gate.weight`
     /// `[E, D]` and per-expert tensors `{prefix}experts.{e}.{gate,up,down}`
-    /// named by `names` (`[H, D]`, `[H, D]`, `[D, H]`), each rank reading
+    /// named by `names` (`[H, D]`, `[H, D]`, `[D, H]`), or Transformers
+    /// 5's stacked `{prefix}experts.gate_up_proj` `[E, 2H, D]` and
+    /// `{prefix}experts.down_proj` `[E, D, H]`, each rank reading
     /// only its experts (expert parallel) or its rows/columns of every
     /// expert (expert tensor parallel); with `shared`, Qwen2-MoE's
     /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight`.
@@ -487,49 +489,83 @@ impl Moe {
                 .collect::<std::result::Result<_, _>>()?;
             Ok(ops::concatenate_axis(&parts, 0, s)?)
         };
-        let experts_part = match config.placement {
-            ExpertPlacement::ExpertParallel => {
-                let (first, count) = chunk(experts, rank, n);
-                let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-                for e in first..first + count {
-                    let g = check(expert(e, names.gate), [h, d])?;
-                    let u = check(expert(e, names.up), [h, d])?;
-                    let w = check(expert(e, names.down), [d, h])?;
-                    gate.push(dir.read(&g, s)?.transpose(s)?);
-                    up.push(dir.read(&u, s)?.transpose(s)?);
-                    down.push(dir.read(&w, s)?.transpose(s)?);
+        let stacked = format!("{prefix}experts.gate_up_proj");
+        let experts_part = if dir.contains(&stacked) {
+            // Transformers 5's stacked experts: `experts.gate_up_proj`
+            // [E, 2H, D] (gate rows, then up rows) and `experts.down_proj`
+            // [E, D, H].
+            let e = experts as i32;
+            let gate_up = check3(dir, &stacked, [e, 2 * h, d])?;
+            let down = check3(dir, &format!("{prefix}experts.down_proj"), [e, d, h])?;
+            let (first, count) = match config.placement {
+                ExpertPlacement::ExpertParallel => chunk(experts, rank, n),
+                // Every expert's slice: the rows of a slice are not
+                // contiguous in the stacked tensor, so it is read whole.
+                ExpertPlacement::ExpertTensorParallel => (0, experts),
+            };
+            let gate_up = dir.read_rows(&gate_up, &[(first, count)], s)?;
+            let parts = gate_up.split(2, 1, s)?;
+            // To [E', D, H] and [E', H, D].
+            let gate = parts[0].swap_axes(1, 2, s)?;
+            let up = parts[1].swap_axes(1, 2, s)?;
+            let down = dir
+                .read_rows(&down, &[(first, count)], s)?
+                .swap_axes(1, 2, s)?;
+            match config.placement {
+                ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights {
+                    gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
+                    up: ShardedArray::from_local(up, group, &[e, d, h])?,
+                    down: ShardedArray::from_local(down, group, &[e, h, d])?,
+                }),
+                ExpertPlacement::ExpertTensorParallel => {
+                    Experts::TensorParallel(ExpertSlices::from_full(group, gate, up, down, s)?)
                 }
-                let (e, dh, hd) = (experts as i32, [d, h], [h, d]);
-                let local = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
-                    if parts.is_empty() {
-                        Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?)
-                    } else {
-                        stack(parts)
-                    }
-                };
-                Experts::Parallel(ExpertWeights {
-                    gate: ShardedArray::from_local(local(gate, dh)?, group, &[e, d, h])?,
-                    up: ShardedArray::from_local(local(up, dh)?, group, &[e, d, h])?,
-                    down: ShardedArray::from_local(local(down, hd)?, group, &[e, h, d])?,
-                })
             }
-            ExpertPlacement::ExpertTensorParallel => {
-                let part = chunk(hidden, rank, n);
-                let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-                for e in 0..experts {
-                    let g = check(expert(e, names.gate), [h, d])?;
-                    let u = check(expert(e, names.up), [h, d])?;
-                    let w = check(expert(e, names.down), [d, h])?;
-                    gate.push(dir.read_rows(&g, &[part], s)?.transpose(s)?);
-                    up.push(dir.read_rows(&u, &[part], s)?.transpose(s)?);
-                    down.push(dir.read_columns(&w, &[part], s)?.transpose(s)?);
+        } else {
+            match config.placement {
+                ExpertPlacement::ExpertParallel => {
+                    let (first, count) = chunk(experts, rank, n);
+                    let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+                    for e in first..first + count {
+                        let g = check(expert(e, names.gate), [h, d])?;
+                        let u = check(expert(e, names.up), [h, d])?;
+                        let w = check(expert(e, names.down), [d, h])?;
+                        gate.push(dir.read(&g, s)?.transpose(s)?);
+                        up.push(dir.read(&u, s)?.transpose(s)?);
+                        down.push(dir.read(&w, s)?.transpose(s)?);
+                    }
+                    let (e, dh, hd) = (experts as i32, [d, h], [h, d]);
+                    let local = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
+                        if parts.is_empty() {
+                            Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?)
+                        } else {
+                            stack(parts)
+                        }
+                    };
+                    Experts::Parallel(ExpertWeights {
+                        gate: ShardedArray::from_local(local(gate, dh)?, group, &[e, d, h])?,
+                        up: ShardedArray::from_local(local(up, dh)?, group, &[e, d, h])?,
+                        down: ShardedArray::from_local(local(down, hd)?, group, &[e, h, d])?,
+                    })
                 }
-                let e = experts as i32;
-                Experts::TensorParallel(ExpertSlices {
-                    gate: ShardedArray::from_local(stack(gate)?, group, &[e, d, h])?,
-                    up: ShardedArray::from_local(stack(up)?, group, &[e, d, h])?,
-                    down: ShardedArray::from_local(stack(down)?, group, &[e, h, d])?,
-                })
+                ExpertPlacement::ExpertTensorParallel => {
+                    let part = chunk(hidden, rank, n);
+                    let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+                    for e in 0..experts {
+                        let g = check(expert(e, names.gate), [h, d])?;
+                        let u = check(expert(e, names.up), [h, d])?;
+                        let w = check(expert(e, names.down), [d, h])?;
+                        gate.push(dir.read_rows(&g, &[part], s)?.transpose(s)?);
+                        up.push(dir.read_rows(&u, &[part], s)?.transpose(s)?);
+                        down.push(dir.read_columns(&w, &[part], s)?.transpose(s)?);
+                    }
+                    let e = experts as i32;
+                    Experts::TensorParallel(ExpertSlices {
+                        gate: ShardedArray::from_local(stack(gate)?, group, &[e, d, h])?,
+                        up: ShardedArray::from_local(stack(up)?, group, &[e, d, h])?,
+                        down: ShardedArray::from_local(stack(down)?, group, &[e, h, d])?,
+                    })
+                }
             }
         };
         let shared = match shared_hidden {
@@ -991,6 +1027,20 @@ impl Moe {
             }
         }
     }
+}
+
+/// `name` if its shape is `want`, else an error naming it and the file.
+fn check3(dir: &dyn TensorSource, name: &str, want: [i32; 3]) -> Result<String> {
+    let shape = dir.shape(name)?;
+    if shape.as_slice() != want {
+        return Err(Error::Model {
+            path: dir.path().display().to_string(),
+            message: format!(
+                "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
+            ),
+        });
+    }
+    Ok(name.to_owned())
 }
 
 /// The per-expert tensor names of a Hugging Face MoE block, after
