@@ -4,6 +4,7 @@
 
 use safemlx::{Array, Dtype, Stream};
 use safemlx_dist::launch::Ranks;
+use safemlx_dist::typed::RoutingPlan;
 use safemlx_dist::{sharded, Group, Mesh, Ragged, ShardedArray};
 use safemlx_dist_tests::{array, cpu, read, rows_between};
 
@@ -54,4 +55,46 @@ fn check<const N: usize>(group: &Group) {
 fn routed_rows_visit_their_destination_and_come_back() {
     Ranks::new(2).run_test(check::<2>).unwrap();
     Ranks::new(4).run_test(check::<4>).unwrap();
+}
+
+/// Counts per bucket (rows per expert) exchanged once: every rank learns
+/// every rank's counts, sends each owner its buckets' rows and knows how
+/// what it receives splits by bucket; owners that are not contiguous
+/// ranges are refused, naming the rank.
+#[test]
+fn bucket_counts_give_the_plan_and_the_split_of_what_arrives() {
+    for n in [1usize, 2, 3] {
+        Ranks::new(n)
+            .run_test(|group| {
+                let s = cpu();
+                let (rank, n) = (group.rank(), group.size());
+                // 5 buckets owned by the chunk rule; rank q has q + b rows in bucket b.
+                let owners: Vec<(usize, usize)> =
+                    (0..n).map(|d| safemlx_dist::typed::chunk(5, d, n)).collect();
+                let counts: Vec<usize> = (0..5).map(|b| rank + b).collect();
+                let (plan, matrix) =
+                    RoutingPlan::exchange_buckets(group, &counts, &owners, &s).expect("exchange");
+                let want_matrix: Vec<Vec<usize>> =
+                    (0..n).map(|q| (0..5).map(|b| q + b).collect()).collect();
+                assert_eq!(matrix, want_matrix);
+                let mine = owners[rank];
+                let in_range = |q: usize, (first, count): (usize, usize)| -> usize {
+                    (first..first + count).map(|b| q + b).sum()
+                };
+                let send: Vec<usize> = owners.iter().map(|&o| in_range(rank, o)).collect();
+                let recv: Vec<usize> = (0..n).map(|q| in_range(q, mine)).collect();
+                assert_eq!(plan.send_counts(), send.as_slice());
+                assert_eq!(plan.recv_counts(), recv.as_slice());
+                if n == 2 {
+                    let error = RoutingPlan::exchange_buckets(group, &counts, &[(0, 2), (3, 2)], &s)
+                        .unwrap_err()
+                        .to_string();
+                    assert_eq!(
+                        error,
+                        "rank 1's buckets start at 3, but the buckets before end at 2: owners must be contiguous ranges in rank order"
+                    );
+                }
+            })
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
 }

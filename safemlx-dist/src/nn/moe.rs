@@ -765,11 +765,12 @@ impl Moe {
 
     /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
     /// the local expert tensors `gate`, `up` `[E', D, H']`, `down`
-    /// `[E', H', D]`), in the rows' order.
+    /// `[E', H', D]`; `per_expert` rows go to each), in the rows' order.
     fn run_experts(
         &self,
         rows: &Array,
         ids: &Array,
+        per_expert: &[usize],
         (gate, up, down): (&Array, &Array, &Array),
         s: &Stream,
     ) -> Result<Array> {
@@ -800,16 +801,9 @@ impl Moe {
             mm(&hidden, down)?.reshape(&[r as i32, d], s)?
         } else {
             // One matmul per local expert on its run of rows.
-            let local = usize::try_from(gate.shape()[0]).unwrap_or(0);
-            let one_hot = sorted_ids
-                .reshape(&[r as i32, 1], s)?
-                .eq(arange(local, s)?.reshape(&[1, local as i32], s)?, s)?
-                .as_dtype(Dtype::Int32, s)?;
-            let counts = host_i32(&one_hot.sum_axis(0, false, s)?)?;
             let mut outputs = Vec::new();
             let mut start = 0;
-            for (j, &count) in counts.iter().enumerate() {
-                let count = count as usize;
+            for (j, &count) in per_expert.iter().enumerate() {
                 if count == 0 {
                     continue;
                 }
@@ -880,43 +874,37 @@ impl Moe {
         let k = self.config.top_k;
         let routing = self.route(x, s)?;
 
-        // Dispatch: the kept slots, by expert, so by destination rank.
+        // Dispatch: the kept slots, by expert, so by destination rank. The
+        // counts per expert go to every rank (one all_gather of E counts),
+        // so each rank knows how the rows it receives split by expert.
         let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
-        let sent: Vec<usize> = owners
-            .iter()
-            .map(|&(first, count)| routing.kept[first..first + count].iter().sum())
-            .collect();
+        let (plan, matrix) = RoutingPlan::exchange_buckets(&comm, &routing.kept, &owners, s)?;
+        let sent = plan.send_counts().to_vec();
         let m: usize = sent.iter().sum();
         let order = slice_axis(&routing.order, 0, 0, m, s)?;
         let rows = take_rows(x, &order.floor_divide(Array::from_int(k as i32), s)?, s)?;
-        // Each row's expert as an index into its destination's experts.
-        let first_of_owner: Vec<i32> = (0..e)
-            .map(|c| {
-                owners
-                    .iter()
-                    .find(|(first, count)| (*first..first + count).contains(&c))
-                    .map_or(0, |(first, _)| *first as i32)
-            })
-            .collect();
-        let expert = take_rows(&routing.expert, &order, s)?;
-        let local_ids = expert
-            .subtract(int_array(&first_of_owner).take_axis(&expert, 0, s)?, s)?
-            .reshape(&[m as i32, 1], s)?;
-
-        let plan = RoutingPlan::exchange(&comm, sent.as_slice(), s)?;
         let as_ragged = |a: Array| ShardedArray::<Ragged>::from_local(a.clone(), &comm, a.shape());
         let dispatched = as_ragged(rows)?;
         let routed = dispatched.route(&plan, s)?;
-        let routed_ids = as_ragged(local_ids)?.route(&plan, s)?;
-        // Every rank runs the exchanges now and in the same order: a rank
+        // Every rank runs the exchange now and in the same order: a rank
         // whose experts got no rows would otherwise never evaluate its part.
-        crate::eval(&[routed_ids.local(), routed.local()])?;
+        crate::eval(&[routed.local()])?;
         let received = plan.recv_counts().to_vec();
-        let r: usize = received.iter().sum();
-        let ids = routed_ids.local().reshape(&[r as i32], s)?;
+        // Rows arrive by source, each source's by expert: their local
+        // expert ids, and the rows per local expert, from the counts.
+        let (first, local) = owners[comm.rank()];
+        let mut ids = Vec::with_capacity(received.iter().sum());
+        let mut per_expert = vec![0usize; local];
+        for row in &matrix {
+            for (j, &count) in row[first..first + local].iter().enumerate() {
+                ids.extend(std::iter::repeat_n(j as i32, count));
+                per_expert[j] += count;
+            }
+        }
         let processed = self.run_experts(
             routed.local(),
-            &ids,
+            &int_array(&ids),
+            &per_expert,
             (
                 weights.gate.local(),
                 weights.up.local(),
@@ -996,6 +984,7 @@ impl Moe {
                 let per_row = self.run_experts(
                     &rows,
                     &ids,
+                    &routing.kept,
                     (slices.gate.local(), slices.up.local(), slices.down.local()),
                     s,
                 )?;

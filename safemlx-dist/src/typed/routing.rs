@@ -54,6 +54,78 @@ impl RoutingPlan {
         Ok(Self { send, recv })
     }
 
+    /// Exchanges this rank's row counts per bucket (`bucket_counts`, e.g.
+    /// rows per expert, laid out in bucket order) where rank `d` owns the
+    /// buckets `owners[d]` (`(first, count)`, contiguous, in rank order,
+    /// covering every bucket): every rank learns every rank's counts. The
+    /// plan sends each rank the rows of its buckets; the returned matrix
+    /// (row `src`: rank `src`'s `bucket_counts`) says how the rows a rank
+    /// receives split by bucket. Cost: one `all_gather` of the bucket
+    /// counts per rank.
+    ///
+    /// # Errors
+    /// Owners that are not contiguous ranges covering the buckets in rank
+    /// order, or a count that does not fit an int32.
+    pub fn exchange_buckets<C: Collective>(
+        comm: &C,
+        bucket_counts: &[usize],
+        owners: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<(Self, Vec<Vec<usize>>)> {
+        let (n, buckets) = (comm.size(), bucket_counts.len());
+        let mut next = 0;
+        for (d, &(first, count)) in owners.iter().enumerate() {
+            if first != next {
+                return Err(Error::Shape(format!(
+                    "rank {d}'s buckets start at {first}, but the buckets before end at {next}: owners must be contiguous ranges in rank order"
+                )));
+            }
+            next = first + count;
+        }
+        if owners.len() != n || next != buckets {
+            return Err(Error::Shape(format!(
+                "{} owner ranges covering {next} buckets for {n} ranks and {buckets} buckets: every bucket needs one owner",
+                owners.len()
+            )));
+        }
+        let as_i32 = bucket_counts
+            .iter()
+            .map(|&c| i32::try_from(c).map_err(|_| Error::ShapeOverflow { value: c }))
+            .collect::<Result<Vec<_>>>()?;
+        let mine = Array::from_slice(&as_i32, &[buckets as i32]);
+        let all = crate::all_gather(&mine, comm.group(), s)?;
+        let all = all.as_dtype(Dtype::Int32, s)?;
+        crate::eval(&[&all])?;
+        let all = all.into_evaluated()?;
+        let flat = all.try_to_vec::<i32>().map_err(|e| Error::Native {
+            operation: "routing plan exchange",
+            message: e.to_string(),
+        })?;
+        if flat.len() != n * buckets {
+            return Err(Error::Native {
+                operation: "routing plan exchange",
+                message: format!("got {} counts, expected {}", flat.len(), n * buckets),
+            });
+        }
+        let matrix: Vec<Vec<usize>> = (0..n)
+            .map(|src| {
+                flat[src * buckets..(src + 1) * buckets]
+                    .iter()
+                    .map(|&c| usize::try_from(c).unwrap_or(0))
+                    .collect()
+            })
+            .collect();
+        let sum = |row: &[usize], (first, count): (usize, usize)| -> usize {
+            row[first..first + count].iter().sum()
+        };
+        let mine = owners[comm.rank()];
+        let plan = Self {
+            send: owners.iter().map(|&o| sum(bucket_counts, o)).collect(),
+            recv: matrix.iter().map(|row| sum(row, mine)).collect(),
+        };
+        Ok((plan, matrix))
+    }
+
     /// Rows this rank sends to each rank.
     pub fn send_counts(&self) -> &[usize] {
         &self.send
