@@ -73,9 +73,9 @@ impl ExpertPlacement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExpertMatmul {
     /// [`Grouped`](Self::Grouped) on GPU streams, [`PerExpert`](Self::PerExpert)
-    /// on CPU streams: MLX's CPU `gather_mm` is one vector-matrix product
-    /// per row, 5.7x slower than the loop at 64 experts, top-8 (measured:
-    /// see the book's MoE chapter).
+    /// on CPU streams: MLX's CPU `gather_mm` is one `sgemm` per row (and
+    /// float32 only), 7.6x slower than the loop at 64 experts, top-8
+    /// (measured: see the book's MoE chapter).
     #[default]
     Auto,
     /// Three `gather_mm` calls over all rows (one kernel each on a GPU).
