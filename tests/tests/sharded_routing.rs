@@ -93,6 +93,17 @@ fn bucket_counts_give_the_plan_and_the_split_of_what_arrives() {
                         error,
                         "rank 1's buckets start at 3, but the buckets before end at 2: owners must be contiguous ranges in rank order"
                     );
+                    let error = RoutingPlan::from_bucket_matrix(group, std::slice::from_ref(&counts), &owners)
+                        .unwrap_err()
+                        .to_string();
+                    assert_eq!(
+                        error,
+                        "a bucket matrix needs 2 rows (one per rank) of equal length, got 1 rows"
+                    );
+                    // The matrix gathered once gives the same plan.
+                    let again =
+                        RoutingPlan::from_bucket_matrix(group, &matrix, &owners).unwrap();
+                    assert_eq!(again, plan);
                 }
             })
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));

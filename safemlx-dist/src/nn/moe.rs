@@ -74,7 +74,7 @@ impl ExpertPlacement {
 pub enum ExpertMatmul {
     /// [`Grouped`](Self::Grouped) on GPU streams, [`PerExpert`](Self::PerExpert)
     /// on CPU streams: MLX's CPU `gather_mm` is one `sgemm` per row (and
-    /// float32 only), 7.6x slower than the loop at 64 experts, top-8
+    /// float32 only), 6-8x slower than the loop at 64 experts, top-8
     /// (measured: see the book's MoE chapter).
     #[default]
     Auto,
@@ -308,14 +308,6 @@ fn int_array(values: &[i32]) -> Array {
     Array::from_slice(values, &[values.len() as i32])
 }
 
-fn host_i32(a: &Array) -> Result<Vec<i32>> {
-    crate::eval(&[a])?;
-    a.clone()
-        .into_evaluated()?
-        .try_to_vec::<i32>()
-        .map_err(|e| Error::Shape(format!("reading routing counts: {e}")))
-}
-
 fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
     let a = a.as_dtype(Dtype::Float32, s)?.contiguous(false, s)?;
     crate::eval(&[&a])?;
@@ -355,11 +347,11 @@ struct Routing {
     /// `[t * k]` int32 slots: the kept ones sorted by expert (token order
     /// within an expert), then the dropped ones.
     order: Array,
-    /// Slots kept per expert (on the host).
-    kept: Vec<usize>,
-    /// `[2 E + 2]` float32: slots per expert (before capacity), summed
-    /// router probabilities per expert, summed squared logsumexp, tokens.
-    stats: Array,
+    /// `[3 E + 2]` float32: slots kept per expert, then the statistics:
+    /// slots per expert (before capacity), summed router probabilities per
+    /// expert, summed squared logsumexp, tokens. Gathered (expert
+    /// parallel) or read (expert tensor parallel) in one go.
+    summary: Array,
 }
 
 impl Moe {
@@ -660,8 +652,7 @@ impl Moe {
                 gates: ops::zeros::<f32>(&[0], s)?,
                 expert: empty()?,
                 order: empty()?,
-                kept: vec![0; e],
-                stats: ops::zeros::<f32>(&[2 * e as i32 + 2], s)?,
+                summary: ops::zeros::<f32>(&[3 * e as i32 + 2], s)?,
             });
         }
         let logits = x
@@ -710,9 +701,8 @@ impl Moe {
                 .add(&position, s)?,
             s,
         )?;
-        let host_counts = host_i32(&counts)?;
         let (order, kept) = match self.config.capacity_factor {
-            None => (by_expert, host_counts.iter().map(|&c| c as usize).collect()),
+            None => (by_expert, counts.clone()),
             Some(factor) => {
                 let cap = (factor * slots as f32 / e as f32).ceil().max(0.0) as i32;
                 // Position of each sorted slot within its expert's run.
@@ -728,13 +718,14 @@ impl Moe {
                     s,
                 )?;
                 let order = by_expert.take_axis(ops::argsort(&key, s)?, 0, s)?;
-                let kept = host_counts.iter().map(|&c| c.min(cap) as usize).collect();
+                let kept = ops::minimum(&counts, Array::from_int(cap), s)?;
                 (order, kept)
             }
         };
         let lse = ops::logsumexp_axis(&logits, -1, false, s)?;
-        let stats = ops::concatenate_axis(
+        let summary = ops::concatenate_axis(
             &[
+                kept.as_dtype(Dtype::Float32, s)?,
                 counts.as_dtype(Dtype::Float32, s)?,
                 probs.sum_axis(0, false, s)?,
                 lse.square(s)?.sum(false, s)?.reshape(&[1], s)?,
@@ -747,9 +738,39 @@ impl Moe {
             gates,
             expert,
             order,
-            kept,
-            stats,
+            summary,
         })
+    }
+
+    /// The kept slots per expert of each rank (rows) and the statistics
+    /// summed over the ranks, from `ranks` routing summaries laid end to
+    /// end (an `all_gather` of them, or one).
+    fn read_summaries(
+        &self,
+        all: &Array,
+        ranks: usize,
+        s: &Stream,
+    ) -> Result<(Vec<Vec<usize>>, Vec<f32>)> {
+        let e = self.num_experts;
+        let width = 3 * e + 2;
+        let flat = host_f32(all, s)?;
+        if flat.len() != ranks * width {
+            return Err(Error::Native {
+                operation: "MoE routing summary",
+                message: format!("got {} numbers, expected {}", flat.len(), ranks * width),
+            });
+        }
+        let mut stats = vec![0f32; 2 * e + 2];
+        let kept = flat
+            .chunks(width)
+            .map(|row| {
+                for (total, v) in stats.iter_mut().zip(&row[e..]) {
+                    *total += v;
+                }
+                row[..e].iter().map(|&c| c.max(0.0) as usize).collect()
+            })
+            .collect();
+        Ok((kept, stats))
     }
 
     /// The balancing and z losses from the summed statistics.
@@ -878,7 +899,10 @@ impl Moe {
         // counts per expert go to every rank (one all_gather of E counts),
         // so each rank knows how the rows it receives split by expert.
         let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
-        let (plan, matrix) = RoutingPlan::exchange_buckets(&comm, &routing.kept, &owners, s)?;
+        // The counts travel with the statistics: one all_gather, one read.
+        let gathered = crate::all_gather(&routing.summary, &comm, s)?;
+        let (matrix, totals) = self.read_summaries(&gathered, n, s)?;
+        let plan = RoutingPlan::from_bucket_matrix(&comm, &matrix, &owners)?;
         let sent = plan.send_counts().to_vec();
         let m: usize = sent.iter().sum();
         let order = slice_axis(&routing.order, 0, 0, m, s)?;
@@ -916,7 +940,6 @@ impl Moe {
         crate::eval(&[back.local()])?;
         let combined = self.combine(&routing, back.local(), t, s)?;
 
-        let totals = host_f32(&crate::all_sum(&routing.stats, &comm, s)?, s)?;
         let (aux_loss, z_loss) = self.losses(&totals);
         Ok(MoeOutput {
             tokens: as_ragged(combined)?,
@@ -976,7 +999,9 @@ impl Moe {
                 let t = usize::try_from(local.shape()[0]).unwrap_or(0);
                 let d = local.shape()[1];
                 let routing = self.route(local, s)?;
-                let m: usize = routing.kept.iter().sum();
+                let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
+                let kept = &kept[0];
+                let m: usize = kept.iter().sum();
                 let order = slice_axis(&routing.order, 0, 0, m, s)?;
                 let k = self.config.top_k as i32;
                 let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
@@ -984,7 +1009,7 @@ impl Moe {
                 let per_row = self.run_experts(
                     &rows,
                     &ids,
-                    &routing.kept,
+                    kept,
                     (slices.gate.local(), slices.up.local(), slices.down.local()),
                     s,
                 )?;
@@ -1003,7 +1028,6 @@ impl Moe {
                     };
                     partial = partial.add(&y, s)?;
                 }
-                let stats = host_f32(&routing.stats, s)?;
                 let (aux_loss, z_loss) = self.losses(&stats);
                 Ok(MoeOutput {
                     tokens: partial.all_sum(s)?,

@@ -64,8 +64,8 @@ impl RoutingPlan {
     /// counts per rank.
     ///
     /// # Errors
-    /// Owners that are not contiguous ranges covering the buckets in rank
-    /// order, or a count that does not fit an int32.
+    /// Those of [`from_bucket_matrix`](Self::from_bucket_matrix), or a
+    /// count that does not fit an int32.
     pub fn exchange_buckets<C: Collective>(
         comm: &C,
         bucket_counts: &[usize],
@@ -73,21 +73,6 @@ impl RoutingPlan {
         s: &Stream,
     ) -> Result<(Self, Vec<Vec<usize>>)> {
         let (n, buckets) = (comm.size(), bucket_counts.len());
-        let mut next = 0;
-        for (d, &(first, count)) in owners.iter().enumerate() {
-            if first != next {
-                return Err(Error::Shape(format!(
-                    "rank {d}'s buckets start at {first}, but the buckets before end at {next}: owners must be contiguous ranges in rank order"
-                )));
-            }
-            next = first + count;
-        }
-        if owners.len() != n || next != buckets {
-            return Err(Error::Shape(format!(
-                "{} owner ranges covering {next} buckets for {n} ranks and {buckets} buckets: every bucket needs one owner",
-                owners.len()
-            )));
-        }
         let as_i32 = bucket_counts
             .iter()
             .map(|&c| i32::try_from(c).map_err(|_| Error::ShapeOverflow { value: c }))
@@ -115,15 +100,58 @@ impl RoutingPlan {
                     .collect()
             })
             .collect();
+        let plan = Self::from_bucket_matrix(comm, &matrix, owners)?;
+        Ok((plan, matrix))
+    }
+
+    /// The plan of [`exchange_buckets`](Self::exchange_buckets) from a
+    /// bucket matrix every rank already holds (row `src`: rank `src`'s
+    /// counts per bucket, e.g. gathered together with other numbers in
+    /// one `all_gather`): this rank sends each owner the rows of its
+    /// buckets and receives from each source that source's rows of its
+    /// own buckets. Every rank must pass the same matrix.
+    ///
+    /// # Errors
+    /// A matrix without one row per rank or rows of different lengths, or
+    /// owners that are not contiguous ranges covering the buckets in rank
+    /// order (naming the rank).
+    pub fn from_bucket_matrix<C: Collective>(
+        comm: &C,
+        matrix: &[Vec<usize>],
+        owners: &[(usize, usize)],
+    ) -> Result<Self> {
+        let n = comm.size();
+        let buckets = matrix.first().map_or(0, Vec::len);
+        if matrix.len() != n || matrix.iter().any(|row| row.len() != buckets) {
+            return Err(Error::Shape(format!(
+                "a bucket matrix needs {n} rows (one per rank) of equal length, got {} rows",
+                matrix.len()
+            )));
+        }
+        let mut next = 0;
+        for (d, &(first, count)) in owners.iter().enumerate() {
+            if first != next {
+                return Err(Error::Shape(format!(
+                    "rank {d}'s buckets start at {first}, but the buckets before end at {next}: owners must be contiguous ranges in rank order"
+                )));
+            }
+            next = first + count;
+        }
+        if owners.len() != n || next != buckets {
+            return Err(Error::Shape(format!(
+                "{} owner ranges covering {next} buckets for {n} ranks and {buckets} buckets: every bucket needs one owner",
+                owners.len()
+            )));
+        }
         let sum = |row: &[usize], (first, count): (usize, usize)| -> usize {
             row[first..first + count].iter().sum()
         };
-        let mine = owners[comm.rank()];
-        let plan = Self {
-            send: owners.iter().map(|&o| sum(bucket_counts, o)).collect(),
+        let rank = comm.rank();
+        let mine = owners[rank];
+        Ok(Self {
+            send: owners.iter().map(|&o| sum(&matrix[rank], o)).collect(),
             recv: matrix.iter().map(|row| sum(row, mine)).collect(),
-        };
-        Ok((plan, matrix))
+        })
     }
 
     /// Rows this rank sends to each rank.
