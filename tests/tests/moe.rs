@@ -346,21 +346,21 @@ fn all_cases(group: &Group) {
         for case in cases {
             check_replicated(group, case, placement, 7);
         }
-        // One token: with experts split, most ranks route no rows.
+        // One token: with experts split, most ranks compute nothing.
         check_replicated(group, Case::new(10, 2), placement, 1);
+        // On replicated tokens every rank routes all of them, so the
+        // capacity limit is over all of them.
+        check_replicated(
+            group,
+            Case {
+                capacity: Some(0.5),
+                skewed: true,
+                ..Case::new(10, 2)
+            },
+            placement,
+            7,
+        );
     }
-    // Expert tensor parallel routes all tokens on every rank, so its
-    // capacity limit is over all of them.
-    check_replicated(
-        group,
-        Case {
-            capacity: Some(0.5),
-            skewed: true,
-            ..Case::new(10, 2)
-        },
-        ExpertPlacement::ExpertTensorParallel,
-        7,
-    );
 }
 
 #[test]

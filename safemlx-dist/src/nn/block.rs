@@ -24,7 +24,7 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32, s: &Stream) -> Result<Array
 pub enum FeedForward {
     /// Tensor-parallel SwiGLU MLP on replicated tokens.
     Mlp(SwiGluMlp),
-    /// Expert-parallel MoE: each rank routes its chunk of the tokens.
+    /// A mixture of experts (see [`Moe::forward`] and [`Moe::forward_rows`]).
     Moe(Moe),
 }
 
@@ -128,9 +128,8 @@ impl TransformerBlock {
     /// load-balancing loss (0 for an MLP block).
     ///
     /// Collectives: the attention's `all_sum`; then the MLP's `all_sum`, or
-    /// for an MoE the count exchange, two `all_to_all_v` and an
-    /// `all_gather` of the rows (each rank routes only its chunk of the
-    /// tokens, so every token goes through its experts once).
+    /// for an MoE one `all_sum` (every rank routes every token and computes
+    /// its own experts' slots, so every slot is computed once).
     pub fn forward(
         &self,
         x: &ShardedArray<Replicated>,

@@ -952,11 +952,13 @@ impl Moe {
     }
 
     /// The layer on replicated tokens `[T, D]`; the output is replicated.
-    /// Expert parallel: each rank routes its chunk of the rows (chunk
-    /// rule) with [`forward_rows`](Self::forward_rows), and the rows are
-    /// gathered again. Expert tensor parallel: every rank routes every
-    /// token through its slices of the experts; one `all_sum` adds the
-    /// slices (and the shared experts' partial sums with them).
+    /// Every rank routes every token (identically), computes the slots of
+    /// its experts (expert parallel) or its slices of every expert (expert
+    /// tensor parallel), and one `all_sum` of `[T, D]` adds the ranks'
+    /// partial outputs together with the shared experts'. No rows are
+    /// routed (`sent`, `received` are zeros), and a capacity limit applies
+    /// over all `T` tokens. For tokens split across ranks, see
+    /// [`forward_rows`](Self::forward_rows).
     ///
     /// # Errors
     /// An MLX or collective error.
@@ -967,78 +969,65 @@ impl Moe {
     ) -> Result<MoeOutput<Replicated>> {
         let comm = x.comm().clone();
         let n = comm.size();
-        match self.experts.as_ref() {
-            Experts::Parallel(_) => {
-                let chunk = x.clone().shard::<0>(s)?;
-                let rows = ShardedArray::<Ragged>::from_local(
-                    chunk.local().clone(),
-                    &comm,
-                    chunk.local().shape(),
-                )?;
-                let out = self.forward_rows(&rows, s)?;
-                let mut tokens = out.tokens.gather_rows(s)?;
-                if let Some(shared) = &self.shared {
-                    let y = shared.mlp.forward(x, s)?;
-                    let y = match &shared.gate {
-                        Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
-                        None => y,
-                    };
-                    tokens = tokens.add(&y, s)?;
-                }
-                Ok(MoeOutput {
-                    tokens,
-                    aux_loss: out.aux_loss,
-                    z_loss: out.z_loss,
-                    sent: out.sent,
-                    received: out.received,
-                    dropped: out.dropped,
-                })
+        // Every rank holds every token: each routes all of them (the same
+        // way) and computes the slots of its own experts (expert parallel)
+        // or its slices of every expert (expert tensor parallel); one
+        // all_sum adds the ranks' partial outputs and the shared experts'.
+        let local = x.local();
+        let t = usize::try_from(local.shape()[0]).unwrap_or(0);
+        let d = local.shape()[1];
+        let routing = self.route(local, s)?;
+        let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
+        let kept = &kept[0];
+        let m: usize = kept.iter().sum();
+        let k = self.config.top_k as i32;
+        // The slots this rank computes: a run of `order` (sorted by
+        // expert), their experts as indices into the local tensors.
+        let (weights, first, experts) = match self.experts.as_ref() {
+            Experts::Parallel(w) => {
+                let (first, count) = chunk(self.num_experts, comm.rank(), n);
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, first, first..first + count)
             }
-            Experts::TensorParallel(slices) => {
-                let local = x.local();
-                let t = usize::try_from(local.shape()[0]).unwrap_or(0);
-                let d = local.shape()[1];
-                let routing = self.route(local, s)?;
-                let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
-                let kept = &kept[0];
-                let m: usize = kept.iter().sum();
-                let order = slice_axis(&routing.order, 0, 0, m, s)?;
-                let k = self.config.top_k as i32;
-                let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
-                let ids = take_rows(&routing.expert, &order, s)?;
-                let per_row = self.run_experts(
-                    &rows,
-                    &ids,
-                    kept,
-                    (slices.gate.local(), slices.up.local(), slices.down.local()),
-                    s,
-                )?;
-                let routed = self.combine(&routing, &per_row, t, s)?;
-                let mut partial =
-                    ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
-                if let Some(shared) = &self.shared {
-                    let hidden = x
-                        .matmul(&shared.mlp.gate, s)?
-                        .silu(s)?
-                        .mul(&x.matmul(&shared.mlp.up, s)?, s)?;
-                    let y = hidden.matmul(&shared.mlp.down, s)?;
-                    let y = match &shared.gate {
-                        Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
-                        None => y,
-                    };
-                    partial = partial.add(&y, s)?;
-                }
-                let (aux_loss, z_loss) = self.losses(&stats);
-                Ok(MoeOutput {
-                    tokens: partial.all_sum(s)?,
-                    aux_loss,
-                    z_loss,
-                    sent: vec![0; n],
-                    received: vec![0; n],
-                    dropped: t * self.config.top_k - m,
-                })
+            Experts::TensorParallel(w) => {
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, 0, 0..self.num_experts)
             }
+        };
+        let before: usize = kept[..experts.start].iter().sum();
+        let mine: usize = kept[experts.clone()].iter().sum();
+        let order = slice_axis(&routing.order, 0, before, mine, s)?;
+        let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
+        let ids =
+            take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
+        let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
+        // The other ranks' slots are zeros here.
+        let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], local.dtype(), s);
+        let per_row =
+            ops::concatenate_axis(&[zeros(before)?, computed, zeros(m - before - mine)?], 0, s)?;
+        let routed = self.combine(&routing, &per_row, t, s)?;
+        let mut partial = ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
+        if let Some(shared) = &self.shared {
+            let hidden = x
+                .matmul(&shared.mlp.gate, s)?
+                .silu(s)?
+                .mul(&x.matmul(&shared.mlp.up, s)?, s)?;
+            let y = hidden.matmul(&shared.mlp.down, s)?;
+            let y = match &shared.gate {
+                Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
+                None => y,
+            };
+            partial = partial.add(&y, s)?;
         }
+        let (aux_loss, z_loss) = self.losses(&stats);
+        Ok(MoeOutput {
+            tokens: partial.all_sum(s)?,
+            aux_loss,
+            z_loss,
+            sent: vec![0; n],
+            received: vec![0; n],
+            dropped: t * self.config.top_k - m,
+        })
     }
 }
 
