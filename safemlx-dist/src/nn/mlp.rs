@@ -4,7 +4,7 @@ use safemlx::Stream;
 
 use crate::checkpoint::TensorSource;
 use crate::error::Error;
-use crate::typed::{chunk, Replicated, Sharded, ShardedArray};
+use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
 use crate::{sharded, Group, Result};
 
 /// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
@@ -78,6 +78,17 @@ impl SwiGluMlp {
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
+        self.forward_partial(x, s)
+    }
+
+    /// The MLP on replicated tokens before its reduction: this rank's
+    /// partial sum, for a caller that adds other partial sums before one
+    /// `all_sum` (the shared experts of an MoE).
+    pub fn forward_partial(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Partial>> {
         let hidden = x
             .matmul(&self.gate, s)?
             .silu(s)?

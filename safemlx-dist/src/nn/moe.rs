@@ -1008,11 +1008,7 @@ impl Moe {
         let routed = self.combine(&routing, &per_row, t, s)?;
         let mut partial = ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
         if let Some(shared) = &self.shared {
-            let hidden = x
-                .matmul(&shared.mlp.gate, s)?
-                .silu(s)?
-                .mul(&x.matmul(&shared.mlp.up, s)?, s)?;
-            let y = hidden.matmul(&shared.mlp.down, s)?;
+            let y = shared.mlp.forward_partial(x, s)?;
             let y = match &shared.gate {
                 Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
                 None => y,

@@ -7,31 +7,16 @@
 //! baseline run with one BLAS thread (`OPENBLAS_NUM_THREADS=1`; MLX's CPU
 //! backend runs each stream's kernels on one thread).
 
-use std::process::Command;
-
 use serde_json::Value;
 
-use super::{finish, launch, prepare};
-use crate::cmd;
+use super::{dense_layer, finish, launch, prepare};
 
 const LAYERS: [&str; 3] = ["mlp", "attention", "moe"];
 
 pub fn run() -> Result<(), String> {
     let (release, out) = prepare("layers.jsonl")?;
-    let program = release.join("examples").join("bench_layers");
     for layer in LAYERS {
-        for threads in ["1", "all"] {
-            let mut dense = Command::new(&program);
-            dense
-                .args(["--layer", layer, "--dense", "--threads", threads, "--out"])
-                .arg(&out);
-            if threads == "1" {
-                dense.env("OPENBLAS_NUM_THREADS", "1");
-            } else {
-                dense.env_remove("OPENBLAS_NUM_THREADS");
-            }
-            cmd::run(dense)?;
-        }
+        dense_layer(&release, &["--layer", layer], &out)?;
         for backend in ["ring", "mpi"] {
             for ranks in ["1", "2", "4"] {
                 launch(

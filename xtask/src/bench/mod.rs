@@ -59,6 +59,26 @@ fn launch(
     cmd::run(launch)
 }
 
+/// Runs `bench_layers ARGS --dense` on one process (the dense baseline)
+/// with one BLAS thread and with all threads, appending to `out`.
+fn dense_layer(release: &Path, args: &[&str], out: &Path) -> Result<(), String> {
+    let program = release.join("examples").join("bench_layers");
+    for threads in ["1", "all"] {
+        let mut dense = Command::new(&program);
+        dense
+            .args(args)
+            .args(["--dense", "--threads", threads, "--out"])
+            .arg(out);
+        if threads == "1" {
+            dense.env("OPENBLAS_NUM_THREADS", "1");
+        } else {
+            dense.env_remove("OPENBLAS_NUM_THREADS");
+        }
+        cmd::run(dense)?;
+    }
+    Ok(())
+}
+
 /// Reads back what the runs wrote and prints the count.
 fn finish(out: &Path) -> Result<Vec<Value>, String> {
     let rows = read_rows(out)?;

@@ -12,7 +12,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::generate::peers_python;
-use super::{finish, launch, prepare};
+use super::{dense_layer, finish, launch, prepare};
 use crate::cmd;
 
 const LAYER: [&str; 12] = [
@@ -36,21 +36,9 @@ const PLACEMENTS: [&str; 2] = ["parallel", "tensor-parallel"];
 
 pub fn run() -> Result<(), String> {
     let (release, out) = prepare("moe.jsonl")?;
-    let program = release.join("examples").join("bench_layers");
-    for threads in ["1", "all"] {
-        let mut dense = Command::new(&program);
-        dense
-            .args(LAYER)
-            .args(ITERS)
-            .args(["--dense", "--threads", threads, "--out"])
-            .arg(&out);
-        if threads == "1" {
-            dense.env("OPENBLAS_NUM_THREADS", "1");
-        } else {
-            dense.env_remove("OPENBLAS_NUM_THREADS");
-        }
-        cmd::run(dense)?;
-    }
+    let mut dense = LAYER.to_vec();
+    dense.extend(ITERS);
+    dense_layer(&release, &dense, &out)?;
     for matmul in ["grouped", "per-expert"] {
         let mut args = LAYER.to_vec();
         args.extend(ITERS);
