@@ -186,8 +186,38 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         "Builds `{name}` on this rank from a checkpoint whose tensors are named `prefix` + field ({}): each rank reads only its part of each. No communication.",
         names.join(", ")
     );
+    // Trainable: every field a `ShardedArray` (quantized weights are not).
+    let parameters = if fields.iter().any(|f| f.quantized) {
+        quote!()
+    } else {
+        let count = idents.len();
+        let index = 0..count;
+        quote! {
+            impl #impl_generics ::safemlx_dist::grad::Parameters for #name #ty_generics #where_clause {
+                fn parameters(&self) -> ::std::vec::Vec<::safemlx_dist::grad::Parameter> {
+                    ::std::vec![#(::safemlx_dist::grad::Parameter::of(&self.#idents),)*]
+                }
+
+                fn with_parameters(
+                    &self,
+                    locals: &[::safemlx::Array],
+                ) -> ::safemlx_dist::Result<Self> {
+                    ::safemlx_dist::grad::check_count(#count, locals.len())?;
+                    Ok(Self {
+                        #(#idents: ::safemlx_dist::ShardedArray::from_local(
+                            locals[#index].clone(),
+                            self.#idents.comm(),
+                            self.#idents.global_shape(),
+                        )?,)*
+                    })
+                }
+            }
+        }
+    };
     quote! {
         #item
+
+        #parameters
 
         impl #impl_generics #name #ty_generics #where_clause {
             #[doc = #docs_from]

@@ -17,6 +17,24 @@ pub struct RmsNorm {
     pub eps: f32,
 }
 
+impl crate::grad::Parameters for RmsNorm {
+    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        vec![crate::grad::Parameter::of(&self.weight)]
+    }
+
+    fn with_parameters(&self, locals: &[safemlx::Array]) -> Result<Self> {
+        crate::grad::check_count(1, locals.len())?;
+        Ok(Self {
+            weight: ShardedArray::from_local(
+                locals[0].clone(),
+                self.weight.comm(),
+                self.weight.global_shape(),
+            )?,
+            eps: self.eps,
+        })
+    }
+}
+
 impl RmsNorm {
     /// Reads the `[dim]` weight `name`.
     ///

@@ -23,14 +23,44 @@ fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Ar
         _ => "all_reduce",
     };
     group.enter(name, input);
+    if crate::grad::is_tracing() && !group.is_singleton() && op != Unary::AllSum {
+        return extremum_with_gradient(op, input, group, stream);
+    }
     group.in_order(input, |input| {
         profile::timed(input, || reduce_untimed(op, input, group, stream))
     })
 }
 
+/// `all_max` / `all_min` while a gradient is traced: MLX passes the
+/// gradient of an `AllReduce` through unchanged, right for a sum only. Here
+/// the gradient goes to the elements equal to the result, split evenly
+/// between ties across ranks (one extra `all_sum` of the tie counts).
+fn extremum_with_gradient(
+    op: Unary,
+    input: &Array,
+    group: &Group,
+    stream: &Stream,
+) -> Result<Array> {
+    let s = stream;
+    let fixed = safemlx::stop_gradient(input, s)?;
+    let result = group.in_order(&fixed, |fixed| {
+        native::unary(op, fixed, group.native(), stream)
+    })?;
+    let hit = fixed.eq(&result, s)?.as_dtype(input.dtype(), s)?;
+    let ties = native::unary(Unary::AllSum, &hit, group.native(), s)?;
+    let share = hit.divide(&ties, s)?;
+    let zero = input.subtract(&fixed, s)?;
+    Ok(result.add(zero.multiply(&share, s)?, s)?)
+}
+
 fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
     if group.is_singleton() {
         return Ok(input.clone());
+    }
+    if crate::grad::is_tracing() {
+        // MLX's `AllReduce` has the gradient of a replicated result; the
+        // exchange and ring lowerings have none or a different one.
+        return native::unary(op, input, group.native(), stream);
     }
     let plan = lowering::all_reduce(
         group.lowering(),
@@ -115,12 +145,18 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     let stream = stream.as_ref();
     group.in_order(input, |input| {
         profile::timed(input, || {
-            match lowering::sum_scatter(
-                group.lowering(),
-                group.backend(),
-                input.nbytes(),
-                group.size(),
-            ) {
+            let plan = if crate::grad::is_tracing() {
+                // The one lowering with a gradient rule everywhere.
+                SumScatterPlan::AllSumSlice
+            } else {
+                lowering::sum_scatter(
+                    group.lowering(),
+                    group.backend(),
+                    input.nbytes(),
+                    group.size(),
+                )
+            };
+            match plan {
                 SumScatterPlan::Native => {
                     native::unary(Unary::SumScatter, input, group.native(), stream)
                 }

@@ -172,6 +172,9 @@ pub(crate) fn sum_scatter(input: &Array, group: &Group, s: &Stream) -> Result<Ar
 /// Sum-scatter along axis 0 as MLX's `all_sum`, then this rank's chunk.
 pub(crate) fn all_sum_then_slice(input: &Array, group: &Group, s: &Stream) -> Result<Array> {
     let sum = native::unary(Unary::AllSum, input, group.native(), s)?;
+    // Each rank keeps a different slice: the gradient of the sum is the
+    // sum of the ranks' padded slices (identity outside a gradient).
+    let sum = crate::grad::sum_gradients(&sum, group, s)?;
     let n = i32::try_from(group.size()).unwrap_or(i32::MAX);
     let mut chunks = sum.split(n, 0, s)?;
     Ok(chunks.swap_remove(group.rank()))

@@ -285,3 +285,108 @@ pub(crate) fn exit_immediately(code: i32) -> ! {
     // exit handlers is the point (nothing is flushed but what the caller did).
     unsafe { libc::_exit(code) }
 }
+
+/// A cotangent map: the gradient of an identity's input from the gradient
+/// of its output.
+pub(crate) type CotangentMap = Box<dyn Fn(&Array) -> Result<Array>>;
+
+thread_local! {
+    /// The error of the last cotangent map that failed on this thread: MLX
+    /// sees only a non-zero status, the caller of the gradient reads this.
+    static VJP_ERROR: RefCell<Option<Error>> = const { RefCell::new(None) };
+}
+
+/// Takes the error a cotangent map left on this thread, if any.
+pub(crate) fn take_vjp_error() -> Option<Error> {
+    VJP_ERROR.try_with(|e| e.take()).ok().flatten()
+}
+
+unsafe extern "C" fn identity_forward(
+    res: *mut safemlx_sys::mlx_vector_array,
+    input: safemlx_sys::mlx_vector_array,
+) -> c_int {
+    // SAFETY: MLX-C passes a fresh output vector and a live input vector.
+    unsafe { safemlx_sys::mlx_vector_array_set(res, input) }
+}
+
+unsafe extern "C" fn mapped_cotangent(
+    res: *mut safemlx_sys::mlx_vector_array,
+    _primals: safemlx_sys::mlx_vector_array,
+    cotangents: safemlx_sys::mlx_vector_array,
+    _outputs: safemlx_sys::mlx_vector_array,
+    payload: *mut c_void,
+) -> c_int {
+    // SAFETY: `payload` is the `CotangentMap` boxed by `identity_with_vjp`,
+    // alive until MLX calls `drop_cotangent_map`.
+    let map = unsafe { &*(payload as *const CotangentMap) };
+    // SAFETY: the identity has one output, so one cotangent; the handle
+    // written into `c` is a new reference that the `Array` takes over.
+    let cotangent = unsafe {
+        let mut c = safemlx_sys::mlx_array_new();
+        if safemlx_sys::mlx_vector_array_get(&mut c, cotangents, 0) != 0 {
+            safemlx_sys::mlx_array_free(c);
+            return 1;
+        }
+        Array::from_ptr(c)
+    };
+    match map(&cotangent) {
+        Ok(grad) => {
+            // SAFETY: `grad` stays alive across the copy into `res`.
+            unsafe {
+                let vector = safemlx_sys::mlx_vector_array_new_value(grad.as_ptr());
+                let status = safemlx_sys::mlx_vector_array_set(res, vector);
+                safemlx_sys::mlx_vector_array_free(vector);
+                status
+            }
+        }
+        Err(error) => {
+            let _ = VJP_ERROR.try_with(|e| e.replace(Some(error)));
+            1
+        }
+    }
+}
+
+unsafe extern "C" fn drop_cotangent_map(payload: *mut c_void) {
+    // SAFETY: called once by MLX-C for the payload boxed below.
+    drop(unsafe { Box::from_raw(payload as *mut CotangentMap) });
+}
+
+/// `x` unchanged, except that under autodiff its gradient is `vjp` of the
+/// output's gradient (`mlx_custom_vjp` of the identity).
+pub(crate) fn identity_with_vjp(x: &Array, vjp: CotangentMap) -> Result<Array> {
+    let payload = Box::into_raw(Box::new(vjp)) as *mut c_void;
+    // SAFETY: every handle below is created here and freed exactly once;
+    // the payload is owned by `custom` from its creation on (its dtor).
+    unsafe {
+        let forward = safemlx_sys::mlx_closure_new_func(Some(identity_forward));
+        let custom = safemlx_sys::mlx_closure_custom_new_func_payload(
+            Some(mapped_cotangent),
+            payload,
+            Some(drop_cotangent_map),
+        );
+        let mut function = safemlx_sys::mlx_closure_new();
+        let made = call("mlx_custom_vjp", || {
+            safemlx_sys::mlx_custom_vjp(&mut function, forward, custom)
+        });
+        safemlx_sys::mlx_closure_free(forward);
+        safemlx_sys::mlx_closure_custom_free(custom);
+        if let Err(error) = made {
+            safemlx_sys::mlx_closure_free(function);
+            return Err(error);
+        }
+        let input = safemlx_sys::mlx_vector_array_new_value(x.as_ptr());
+        let mut output = safemlx_sys::mlx_vector_array_new();
+        let applied = call("mlx_closure_apply", || {
+            safemlx_sys::mlx_closure_apply(&mut output, function, input)
+        });
+        safemlx_sys::mlx_vector_array_free(input);
+        safemlx_sys::mlx_closure_free(function);
+        let result = applied.and_then(|()| {
+            array_result("mlx_vector_array_get", |res| {
+                safemlx_sys::mlx_vector_array_get(res, output, 0)
+            })
+        });
+        safemlx_sys::mlx_vector_array_free(output);
+        result
+    }
+}

@@ -157,6 +157,7 @@ fn scatter(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream)
         return from_front(crate::sum_scatter(&front, group, s)?, axis, s);
     }
     let sum = crate::all_sum(x, group, s)?;
+    let sum = crate::grad::sum_gradients(&sum, group, s)?;
     let offset: usize = lengths[..group.rank()].iter().sum();
     slice_axis(&sum, axis, offset, lengths[group.rank()], s)
 }

@@ -18,7 +18,9 @@ pub(crate) mod weights;
 
 pub use collective::Collective;
 pub use mesh::Mesh;
-pub use ops::{MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, TransposeRule};
+pub use ops::{
+    MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,
+};
 pub use placement::{
     chunk, chunk_lengths, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
 };

@@ -18,6 +18,8 @@
 //! | `softmax::<AXIS>` | `Replicated`, `Ragged`, `Sharded<A>` with `A != AXIS` | | same |
 //! | `transpose` (2-D) | `Sharded<0>` / `Sharded<1>` | | `Sharded<1>` / `Sharded<0>` |
 //! | `reshape` | `Sharded<A>`: axes `..=A` kept | | same |
+//! | `sum_all` | `Replicated` | | `Replicated` scalar |
+//! | `sum_all` | `Sharded<A>`, `Ragged`, `Partial` | | `Partial` scalar |
 
 use safemlx::{Array, Stream};
 
@@ -134,6 +136,26 @@ softmax_rules! {
     3 => 0, 1, 2, 4;
 }
 
+/// The placement of the sum of all elements: a rank's share of the sum
+/// unless every rank holds the whole array.
+pub trait SumRule: Placement {
+    /// The result's placement.
+    type Output: Placement;
+}
+
+impl SumRule for Replicated {
+    type Output = Replicated;
+}
+impl<const A: usize> SumRule for Sharded<A> {
+    type Output = Partial;
+}
+impl SumRule for Ragged {
+    type Output = Partial;
+}
+impl SumRule for Partial {
+    type Output = Partial;
+}
+
 /// The placement of a 2-D transpose.
 #[diagnostic::on_unimplemented(message = "no transpose rule for `{Self}`")]
 pub trait TransposeRule: Placement {
@@ -213,8 +235,32 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
                 R::Placement::name()
             )));
         }
-        let local = self.local().matmul(rhs.local(), s)?;
+        let (a, b) = self.meeting(rhs, s)?;
+        let local = a.matmul(&b, s)?;
         Ok(self.same_local(local, vec![l[0], r[1]]))
+    }
+
+    /// The two local operands of a binary op. A `Replicated` one that meets
+    /// a placement that differs by rank has a local gradient that is only
+    /// this rank's share: while a gradient is traced it goes through
+    /// [`sum_gradients`](crate::grad::sum_gradients).
+    fn meeting<Q: Placement>(
+        &self,
+        other: &ShardedArray<Q, C>,
+        s: &Stream,
+    ) -> Result<(Array, Array)> {
+        let mixed = P::REPLICATED != Q::REPLICATED;
+        let share = |x: &Array, replicated: bool| {
+            if mixed && replicated {
+                crate::grad::sum_gradients(x, self.comm(), s)
+            } else {
+                Ok(x.clone())
+            }
+        };
+        Ok((
+            share(self.local(), P::REPLICATED)?,
+            share(other.local(), Q::REPLICATED)?,
+        ))
     }
 
     fn check_same_shape<Q: Placement>(&self, other: &ShardedArray<Q, C>, op: &str) -> Result<()> {
@@ -262,7 +308,8 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         if P::AXIS.is_some() {
             self.check_same_shape(other, "mul")?;
         }
-        let local = self.local().multiply(other.local(), s)?;
+        let (a, b) = self.meeting(other, s)?;
+        let local = a.multiply(&b, s)?;
         Ok(self.same_local(local, self.global_shape().to_vec()))
     }
 
@@ -367,6 +414,19 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         P: Nonlinear,
     {
         Ok(self.map(self.local().exp(s)?))
+    }
+
+    /// The sum of all elements, a scalar: `Replicated` for a `Replicated`
+    /// array, otherwise this rank's share (`Partial`; `.all_sum()` gives
+    /// the total). A loss for [`grad::value_and_grad`](crate::grad::value_and_grad).
+    ///
+    /// # Errors
+    /// An MLX error.
+    pub fn sum_all(&self, s: &Stream) -> Result<ShardedArray<<P as SumRule>::Output, C>>
+    where
+        P: SumRule,
+    {
+        Ok(self.same_local(self.local().sum(None, s)?, Vec::new()))
     }
 
     /// Softmax along `AXIS`, which must not be the sharded axis (a softmax

@@ -21,6 +21,8 @@ pub trait Placement: sealed::Sealed + Copy + Default + Debug + 'static {
     const AXIS: Option<usize>;
     /// Whether ranks hold run-time numbers of leading rows (`Ragged`).
     const RAGGED: bool = false;
+    /// Whether every rank holds the whole array (`Replicated`).
+    const REPLICATED: bool = false;
     /// The placement's name in messages, e.g. `Sharded<1>`.
     fn name() -> String;
 }
@@ -52,6 +54,7 @@ impl sealed::Sealed for Ragged {}
 
 impl Placement for Replicated {
     const AXIS: Option<usize> = None;
+    const REPLICATED: bool = true;
     fn name() -> String {
         "Replicated".into()
     }

@@ -59,7 +59,9 @@ impl<const A: usize> RedistributeTo<Sharded<A>> for Replicated {
         local_shape::<Sharded<A>>(x.global_shape(), comm.rank(), comm.size())?;
         let dim = usize::try_from(x.global_shape()[A]).unwrap_or(0);
         let (offset, len) = chunk(dim, comm.rank(), comm.size());
-        let local = slice_axis(x.local(), A, offset, len, s)?;
+        // Each rank keeps a different slice (see `grad`).
+        let whole = crate::grad::sum_gradients(x.local(), &comm, s)?;
+        let local = slice_axis(&whole, A, offset, len, s)?;
         Ok(rewrap(x, local))
     }
 }

@@ -1,0 +1,245 @@
+//! Gradients through the typed layer.
+//!
+//! A gradient here is the gradient of one logical loss, a `Replicated`
+//! scalar that every rank computes identically. Each value's gradient then
+//! has the placement of the value: a `Replicated` value's is the whole
+//! gradient on every rank, a `Sharded` value's is this rank's chunk of it,
+//! a `Partial` value's is the (replicated) gradient of the sum. MLX's own
+//! rules give exactly that for `all_sum` (`Partial -> Replicated`: the
+//! gradient passes unchanged), `all_gather` (`Sharded -> Replicated`: this
+//! rank's slice of the gradient) and `all_to_all_v` (the reverse exchange).
+//!
+//! What MLX cannot see is a `Replicated` value entering computation that
+//! differs by rank: multiplied by a `Sharded` weight (column parallel), by a
+//! `Partial`, or sliced to this rank's chunk. On each rank the local
+//! gradient is then only this rank's share of the whole one, and summing
+//! the shares over the ranks is the framework's job (Megatron's `f`, MLX
+//! Python's `sum_gradients`). While [`value_and_grad`] traces, the typed
+//! ops insert that sum at every such boundary (an identity whose gradient
+//! is an `all_sum`), so a sharded model written with the typed layer gets
+//! placement-correct gradients by construction; outside of it they insert
+//! nothing, and inference pays nothing.
+
+use std::cell::{Cell, RefCell};
+
+use safemlx::{Array, Stream};
+
+use crate::error::{Error, Result};
+use crate::runtime;
+use crate::typed::{Collective, Placement, Replicated, ShardedArray};
+
+thread_local! {
+    static TRACING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this thread is tracing a [`value_and_grad`].
+pub fn is_tracing() -> bool {
+    TRACING.with(Cell::get) > 0
+}
+
+struct Tracing;
+
+impl Tracing {
+    fn enter() -> Self {
+        TRACING.with(|t| t.set(t.get() + 1));
+        Self
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        TRACING.with(|t| t.set(t.get().saturating_sub(1)));
+    }
+}
+
+/// `x` unchanged; while tracing a gradient on a group of several ranks, its
+/// gradient is summed over the ranks (one `all_sum` in the backward pass).
+///
+/// The typed ops call this where a `Replicated` value meets rank-dependent
+/// computation; call it yourself where you leave the typed layer (with
+/// [`ShardedArray::local`]) and use a replicated array in computation that
+/// differs by rank.
+///
+/// # Errors
+/// An MLX error.
+pub fn sum_gradients<C: Collective>(x: &Array, comm: &C, s: &Stream) -> Result<Array> {
+    if !is_tracing() || comm.size() == 1 {
+        return Ok(x.clone());
+    }
+    let (group, s) = (comm.group().clone(), s.clone());
+    runtime::identity_with_vjp(x, Box::new(move |g| crate::all_sum(g, &group, &s)))
+}
+
+/// The loss that `loss` computes from `params` and its gradient with
+/// respect to each of them, in order.
+///
+/// `loss` receives the parameters' local arrays (build the model's
+/// `ShardedArray`s from them with [`ShardedArray::from_local`]) and returns
+/// the loss, a `Replicated` scalar. Each gradient has the placement of its
+/// parameter: this rank's chunk for a `Sharded` weight, the whole gradient,
+/// identical on every rank, for a `Replicated` one.
+///
+/// ```no_run
+/// use safemlx::Stream;
+/// use safemlx_dist::grad::value_and_grad;
+/// use safemlx_dist::typed::{Replicated, Sharded};
+/// use safemlx_dist::{Group, ShardedArray};
+///
+/// # fn run(group: &Group, x: ShardedArray<Replicated>, w: ShardedArray<Sharded<1>>, s: &Stream) -> safemlx_dist::Result<()> {
+/// let (loss, grads) = value_and_grad(&[w.local().clone()], |p| {
+///     let w = ShardedArray::<Sharded<1>>::from_local(p[0].clone(), group, w.global_shape())?;
+///     // column parallel, then every column back on every rank
+///     let y = x.matmul(&w, s)?.redistribute::<Replicated>(s)?;
+///     y.mul(&y, s)?.sum_all(s)
+/// })?;
+/// // grads[0]: this rank's columns of d loss / d w
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// What `loss` returned, a loss that is not a scalar, or an op without a
+/// gradient rule (MLX names it).
+pub fn value_and_grad<F>(params: &[Array], mut loss: F) -> Result<(Array, Vec<Array>)>
+where
+    F: FnMut(&[Array]) -> Result<ShardedArray<Replicated>>,
+{
+    let failure: RefCell<Option<Error>> = RefCell::new(None);
+    let argnums: Vec<i32> = (0..params.len())
+        .map(|i| i32::try_from(i).map_err(|_| Error::ShapeOverflow { value: i }))
+        .collect::<Result<_>>()?;
+    let _tracing = Tracing::enter();
+    let result = {
+        let traced =
+            |arrays: &[Array]| -> std::result::Result<Vec<Array>, safemlx::error::Exception> {
+                let value = loss(arrays).and_then(|l| {
+                if l.global_shape().is_empty() {
+                    Ok(l.local().clone())
+                } else {
+                    Err(Error::Shape(format!(
+                        "the loss must be a scalar (global shape []), got global shape {:?}; sum it with `.sum_all()`",
+                        l.global_shape()
+                    )))
+                }
+            });
+                match value {
+                    Ok(v) => Ok(vec![v]),
+                    Err(e) => {
+                        failure.replace(Some(e));
+                        Err("the loss failed".into())
+                    }
+                }
+            };
+        let mut vg = safemlx::transforms::value_and_grad_with_argnums(traced, argnums.as_slice());
+        vg(params)
+    };
+    if let Some(error) = failure.take().or_else(runtime::take_vjp_error) {
+        return Err(error);
+    }
+    let (mut values, grads) = result?;
+    Ok((values.remove(0), grads))
+}
+
+/// One trainable array of a model: this rank's local array, and whether
+/// every rank holds all of it (a `Replicated` parameter, whose gradient is
+/// the same on every rank).
+#[derive(Debug, Clone)]
+pub struct Parameter {
+    /// This rank's local array.
+    pub local: Array,
+    /// Whether the parameter is `Replicated`.
+    pub replicated: bool,
+}
+
+impl Parameter {
+    /// The parameter held by `x`.
+    pub fn of<P: Placement, C: Collective>(x: &ShardedArray<P, C>) -> Self {
+        Self {
+            local: x.local().clone(),
+            replicated: P::REPLICATED,
+        }
+    }
+}
+
+/// A model whose trainable arrays can be listed and replaced: what
+/// [`value_and_grad_of`] differentiates and an optimizer updates.
+/// `#[sharded]` structs implement it (fields in declaration order); tuples
+/// of models do too.
+pub trait Parameters: Sized {
+    /// The trainable arrays, in a fixed order.
+    fn parameters(&self) -> Vec<Parameter>;
+
+    /// The same model with the parameters' local arrays replaced by
+    /// `locals` (in the order of [`parameters`](Self::parameters)), e.g.
+    /// by their gradients or their updated values.
+    ///
+    /// # Errors
+    /// A count or a local shape other than the model's.
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self>;
+}
+
+/// `got` arrays for a model of `want` parameters.
+///
+/// # Errors
+/// When they differ.
+#[doc(hidden)]
+pub fn check_count(want: usize, got: usize) -> Result<()> {
+    if want == got {
+        Ok(())
+    } else {
+        Err(Error::Shape(format!(
+            "the model has {want} parameters but {got} arrays were given"
+        )))
+    }
+}
+
+impl<A: Parameters, B: Parameters> Parameters for (A, B) {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut all = self.0.parameters();
+        all.extend(self.1.parameters());
+        all
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        let first = self.0.parameters().len();
+        check_count(first + self.1.parameters().len(), locals.len())?;
+        Ok((
+            self.0.with_parameters(&locals[..first])?,
+            self.1.with_parameters(&locals[first..])?,
+        ))
+    }
+}
+
+impl<T: Parameters> Parameters for Vec<T> {
+    fn parameters(&self) -> Vec<Parameter> {
+        self.iter().flat_map(Parameters::parameters).collect()
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        let counts: Vec<usize> = self.iter().map(|m| m.parameters().len()).collect();
+        check_count(counts.iter().sum(), locals.len())?;
+        let mut start = 0;
+        self.iter()
+            .zip(counts)
+            .map(|(m, n)| {
+                start += n;
+                m.with_parameters(&locals[start - n..start])
+            })
+            .collect()
+    }
+}
+
+/// [`value_and_grad`] over a model's parameters: the loss, and the
+/// gradients as a model of the same type, each gradient in its parameter's
+/// place and placement (a `SwiGluMlp` of gradients for a `SwiGluMlp`).
+///
+/// # Errors
+/// As [`value_and_grad`].
+pub fn value_and_grad_of<M, F>(model: &M, mut loss: F) -> Result<(Array, M)>
+where
+    M: Parameters,
+    F: FnMut(&M) -> Result<ShardedArray<Replicated>>,
+{
+    let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
+    let (value, grads) = value_and_grad(&locals, |p| loss(&model.with_parameters(p)?))?;
+    Ok((value, model.with_parameters(&grads)?))
+}
