@@ -181,3 +181,42 @@ impl DenseMoe {
         y
     }
 }
+
+/// Causal multi-head attention on one process, all heads: the reference.
+pub fn dense_attention(x: &Array, qkv: &Array, out: &Array, heads: i32, s: &Stream) -> Array {
+    let (t, d) = (x.shape()[0], x.shape()[1]);
+    let hd = d / heads;
+    let proj = x.matmul(qkv, s).unwrap();
+    let parts = proj.split_axis(&[d, 2 * d], 1, s).unwrap();
+    let by_head = |a: &Array| {
+        a.reshape(&[t, heads, hd], s)
+            .unwrap()
+            .transpose_axes(&[1, 0, 2], s)
+            .unwrap()
+    };
+    let (q, k, v) = (by_head(&parts[0]), by_head(&parts[1]), by_head(&parts[2]));
+    let mut mask = vec![0f32; (t * t) as usize];
+    for i in 0..t {
+        for j in (i + 1)..t {
+            mask[(i * t + j) as usize] = -1e9;
+        }
+    }
+    let scores = q
+        .matmul(k.transpose_axes(&[0, 2, 1], s).unwrap(), s)
+        .unwrap()
+        .multiply(Array::from_f32(1.0 / (hd as f32).sqrt()), s)
+        .unwrap()
+        .add(Array::from_slice(&mask, &[t, t]), s)
+        .unwrap();
+    let weights = safemlx::ops::softmax_axis(&scores, -1, None, s).unwrap();
+    let heads_out = weights
+        .matmul(&v, s)
+        .unwrap()
+        .transpose_axes(&[1, 0, 2], s)
+        .unwrap();
+    heads_out
+        .reshape(&[t, d], s)
+        .unwrap()
+        .matmul(out, s)
+        .unwrap()
+}

@@ -5,13 +5,16 @@
 //! a `Replicated` one's is the whole dense gradient.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::grad::value_and_grad;
+use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{RmsNorm, RowParallelLinear, SwiGluMlp};
+use safemlx_dist::nn::{
+    gather_logits, Moe, MoeConfig, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp,
+    VocabParallelEmbedding,
+};
 use safemlx_dist::typed::{chunk, Replicated, Sharded};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error, random};
+use safemlx_dist_tests::dense::{dense_attention, host, max_relative_error, random};
 use safemlx_dist_tests::typed::Rng;
 
 fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
@@ -212,6 +215,8 @@ fn check(group: &Group) {
     check_mlp(group);
     check_scattered(group);
     check_max(group);
+    check_attention_and_embedding(group);
+    check_untraced_layers(group);
 }
 
 #[test]
@@ -241,5 +246,154 @@ fn a_loss_that_is_not_a_scalar_is_an_error() {
     assert_eq!(
         err.to_string(),
         "the loss must be a scalar (global shape []), got global shape [2]; sum it with `.sum_all()`"
+    );
+}
+
+/// This rank's columns of each of the `segments` equal blocks of `full`'s
+/// columns, side by side (a fused `[Q | K | V]` weight).
+fn segment_parts(full: &Array, segments: i32, group: &Group, s: &Stream) -> Array {
+    let width = full.shape()[1] / segments;
+    let blocks = full.split(segments, 1, s).unwrap();
+    assert_eq!(blocks[0].shape()[1], width);
+    let parts: Vec<Array> = blocks.iter().map(|b| part(b, 1, group, s)).collect();
+    safemlx::ops::concatenate_axis(&parts, 1, s).unwrap()
+}
+
+/// Causal attention with heads split across ranks, and the
+/// vocabulary-parallel embedding used as embedding and tied LM head.
+fn check_attention_and_embedding(group: &Group) {
+    let s = cpu();
+    let mut rng = Rng::new(13);
+    // 12 heads: a multiple of 1 to 4 ranks; 2 dimensions per head.
+    let (t, heads, vocab) = (5, 12, 11);
+    let d = 2 * heads;
+    let x = random(&mut rng, &[t, d], 0.3);
+    let qkv = random(&mut rng, &[d, 3 * d], 0.3);
+    let out = random(&mut rng, &[d, d], 0.3);
+    let table = random(&mut rng, &[vocab, d], 0.3);
+    let c = random(&mut rng, &[t, vocab], 0.3);
+    let tokens: Vec<u32> = vec![3, 0, 10, 3, 7];
+    let ids = Array::from_slice(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(), &[t]);
+    let dense_loss = |p: &[Array]| -> Vec<Array> {
+        let h = p[3]
+            .take_axis(&ids, 0, &s)
+            .unwrap()
+            .add(dense_attention(&p[0], &p[1], &p[2], heads, &s), &s)
+            .unwrap();
+        let logits = h.matmul(p[3].transpose(&s).unwrap(), &s).unwrap();
+        vec![logits.multiply(&c, &s).unwrap().sum(None, &s).unwrap()]
+    };
+    let params = [x.clone(), qkv.clone(), out.clone(), table.clone()];
+    let (want_loss, want) =
+        safemlx::transforms::value_and_grad_with_argnums(dense_loss, &[0, 1, 2, 3][..])(&params)
+            .unwrap();
+
+    let attention = ShardedAttention::from_full(group, heads as usize, qkv, out, &s).unwrap();
+    let embedding = VocabParallelEmbedding::from_full(group, table, &s).unwrap();
+    let xr = ShardedArray::<Replicated>::replicated(x, group);
+    let (loss, grads) = value_and_grad_of(&(attention, embedding), |(attention, embedding)| {
+        let h = embedding
+            .forward(&tokens, &s)?
+            .add(&attention.forward(&xr, &s)?, &s)?;
+        let logits = gather_logits(&embedding.logits(&h, &s)?, 0..t as usize, &s)?;
+        let c = ShardedArray::<Replicated>::replicated(c.clone(), group);
+        logits.mul(&c, &s)?.sum_all(&s)
+    })
+    .expect("value_and_grad_of");
+    assert_close(&loss, &want_loss[0], "loss", &s);
+    let (attention, embedding) = grads;
+    let got = attention.parameters();
+    assert_close(
+        &got[0].local,
+        &segment_parts(&want[1], 3, group, &s),
+        "d loss / d qkv (this rank's heads of q, k and v)",
+        &s,
+    );
+    assert_close(
+        &got[1].local,
+        &part(&want[2], 0, group, &s),
+        "d loss / d out (this rank's rows)",
+        &s,
+    );
+    assert_close(
+        embedding.weight.local(),
+        &part(&want[3], 0, group, &s),
+        "d loss / d embedding, tied head (this rank's vocabulary rows)",
+        &s,
+    );
+    // The input's gradient is not returned here (it is not a parameter):
+    // check it through `value_and_grad` on the replicated input alone.
+    let attention = ShardedAttention::from_full(
+        group,
+        heads as usize,
+        params[1].clone(),
+        params[2].clone(),
+        &s,
+    )
+    .unwrap();
+    let (_, gx) = value_and_grad(&[params[0].clone()], |p| {
+        let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
+        let y = attention.forward(&x, &s)?;
+        let y = y.mul(&y, &s)?;
+        y.sum_all(&s)
+    })
+    .unwrap();
+    let dense_x = |p: &[Array]| -> Vec<Array> {
+        let y = dense_attention(&p[0], &params[1], &params[2], heads, &s);
+        vec![y.square(&s).unwrap().sum(None, &s).unwrap()]
+    };
+    let (_, want_x) = safemlx::transforms::value_and_grad(dense_x)(&params[..1]).unwrap();
+    assert_close(
+        &gx[0],
+        &want_x[0],
+        "d loss / d x through attention (replicated)",
+        &s,
+    );
+}
+
+/// Layers whose gradients are not written yet refuse to be traced.
+fn check_untraced_layers(group: &Group) {
+    let s = cpu();
+    let mut rng = Rng::new(3);
+    let (t, d, e, h) = (4, 6, 4, 8);
+    let moe = Moe::from_full(
+        group,
+        MoeConfig::new(2),
+        random(&mut rng, &[d, e], 0.3),
+        random(&mut rng, &[e, d, h], 0.3),
+        random(&mut rng, &[e, d, h], 0.3),
+        random(&mut rng, &[e, h, d], 0.3),
+        &s,
+    )
+    .unwrap();
+    let x = random(&mut rng, &[t, d], 0.3);
+    let err = value_and_grad(&[x], |p| {
+        let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
+        moe.forward(&x, &s)?.tokens.sum_all(&s)
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "gradients through the MoE layer are not supported yet (its routing has no gradient rule here); compute it outside `grad::value_and_grad`"
+    );
+}
+
+#[test]
+fn a_model_is_not_traced_through_its_attention_yet() {
+    let s = cpu();
+    let group = safemlx_dist::init(false, Backend::Ring).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/llama-tied-kv3");
+    let source = safemlx_dist::checkpoint::HfDirectory::open(&dir).unwrap();
+    let model = &safemlx_dist::models::Llama::from_hf(&group, &source, &s).unwrap();
+    let err = value_and_grad(&[Array::from_f32(1.0)], |p| {
+        let logits = model.forward(&[1, 2, 3], &mut model.new_cache(), &s)?;
+        let all = gather_logits(&logits, 0..3, &s)?;
+        all.sum_all(&s)?
+            .mul(&ShardedArray::replicated(p[0].clone(), &group), &s)
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "gradients through grouped-query attention (the models' attention) are not supported yet; compute it outside `grad::value_and_grad`"
     );
 }

@@ -7,7 +7,7 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error};
+use safemlx_dist_tests::dense::{dense_attention, host, max_relative_error};
 use safemlx_dist_tests::typed::Rng;
 
 fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
@@ -17,45 +17,6 @@ fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
 
 fn silu(x: &Array, s: &Stream) -> Array {
     x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
-}
-
-/// Causal multi-head attention on one process, all heads: the reference.
-fn dense_attention(x: &Array, qkv: &Array, out: &Array, heads: i32, s: &Stream) -> Array {
-    let (t, d) = (x.shape()[0], x.shape()[1]);
-    let hd = d / heads;
-    let proj = x.matmul(qkv, s).unwrap();
-    let parts = proj.split_axis(&[d, 2 * d], 1, s).unwrap();
-    let by_head = |a: &Array| {
-        a.reshape(&[t, heads, hd], s)
-            .unwrap()
-            .transpose_axes(&[1, 0, 2], s)
-            .unwrap()
-    };
-    let (q, k, v) = (by_head(&parts[0]), by_head(&parts[1]), by_head(&parts[2]));
-    let mut mask = vec![0f32; (t * t) as usize];
-    for i in 0..t {
-        for j in (i + 1)..t {
-            mask[(i * t + j) as usize] = -1e9;
-        }
-    }
-    let scores = q
-        .matmul(k.transpose_axes(&[0, 2, 1], s).unwrap(), s)
-        .unwrap()
-        .multiply(Array::from_f32(1.0 / (hd as f32).sqrt()), s)
-        .unwrap()
-        .add(Array::from_slice(&mask, &[t, t]), s)
-        .unwrap();
-    let weights = safemlx::ops::softmax_axis(&scores, -1, None, s).unwrap();
-    let heads_out = weights
-        .matmul(&v, s)
-        .unwrap()
-        .transpose_axes(&[1, 0, 2], s)
-        .unwrap();
-    heads_out
-        .reshape(&[t, d], s)
-        .unwrap()
-        .matmul(out, s)
-        .unwrap()
 }
 
 fn check(group: &Group) {

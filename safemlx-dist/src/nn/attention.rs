@@ -30,6 +30,19 @@ pub struct ShardedAttention {
     heads: usize,
 }
 
+impl crate::grad::Parameters for ShardedAttention {
+    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        self.weights.parameters()
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        Ok(Self {
+            weights: self.weights.with_parameters(locals)?,
+            heads: self.heads,
+        })
+    }
+}
+
 impl ShardedAttention {
     /// Builds this rank's part from the full `qkv` `[D, 3D]` and `out`
     /// `[D, D]` weights for `heads` heads.

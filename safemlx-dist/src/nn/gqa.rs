@@ -262,6 +262,13 @@ impl GqaAttention {
                 x.global_shape()
             )));
         };
+        if crate::grad::is_tracing() {
+            // Its heads run on local arrays, where the typed layer cannot
+            // insert the gradient sums; an error beats a wrong gradient.
+            return Err(Error::Shape(
+                "gradients through grouped-query attention (the models' attention) are not supported yet; compute it outside `grad::value_and_grad`".to_owned(),
+            ));
+        }
         let partial = if self.split.query.1 == 0 {
             // More ranks than query heads: this rank holds none.
             cache.skip(t as usize);

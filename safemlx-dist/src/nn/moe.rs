@@ -882,6 +882,7 @@ impl Moe {
         tokens: &ShardedArray<Ragged>,
         s: &Stream,
     ) -> Result<MoeOutput<Ragged>> {
+        untraced("the MoE layer")?;
         let Experts::Parallel(weights) = self.experts.as_ref() else {
             return Err(Error::Shape(
                 "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`".to_owned(),
@@ -973,6 +974,7 @@ impl Moe {
         // way) and computes the slots of its own experts (expert parallel)
         // or its slices of every expert (expert tensor parallel); one
         // all_sum adds the ranks' partial outputs and the shared experts'.
+        untraced("the MoE layer")?;
         let local = x.local();
         let t = usize::try_from(local.shape()[0]).unwrap_or(0);
         let d = local.shape()[1];
@@ -1025,6 +1027,18 @@ impl Moe {
             dropped: t * self.config.top_k - m,
         })
     }
+}
+
+/// An error while a gradient is traced: the routing reads counts on the
+/// host and the experts' slots differ by rank, and their gradients are not
+/// written yet; an error is better than a wrong gradient.
+fn untraced(what: &str) -> Result<()> {
+    if crate::grad::is_tracing() {
+        return Err(Error::Shape(format!(
+            "gradients through {what} are not supported yet (its routing has no gradient rule here); compute it outside `grad::value_and_grad`"
+        )));
+    }
+    Ok(())
 }
 
 /// `name` if its shape is `want`, else an error naming it and the file.

@@ -401,7 +401,14 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
                 w.local.group_size,
             )));
         }
-        let local = w.local.matmul_t(self.local(), s)?;
+        // A replicated x times a sharded weight: x's local gradient is this
+        // rank's share (see `grad`).
+        let x_local = if P::REPLICATED && !Q::REPLICATED {
+            crate::grad::sum_gradients(self.local(), self.comm(), s)?
+        } else {
+            self.local().clone()
+        };
+        let local = w.local.matmul_t(&x_local, s)?;
         Ok(ShardedArray::new_unchecked(
             local,
             self.comm().clone(),
