@@ -192,6 +192,23 @@ pub fn check_count(want: usize, got: usize) -> Result<()> {
     }
 }
 
+/// `locals` cut into consecutive runs of `counts` arrays, for a model made
+/// of parts.
+///
+/// # Errors
+/// When the counts do not add up to the arrays given.
+pub fn split_locals<'a>(locals: &'a [Array], counts: &[usize]) -> Result<Vec<&'a [Array]>> {
+    check_count(counts.iter().sum(), locals.len())?;
+    let mut start = 0;
+    Ok(counts
+        .iter()
+        .map(|&n| {
+            start += n;
+            &locals[start - n..start]
+        })
+        .collect())
+}
+
 impl<A: Parameters, B: Parameters> Parameters for (A, B) {
     fn parameters(&self) -> Vec<Parameter> {
         let mut all = self.0.parameters();

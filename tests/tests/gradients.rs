@@ -5,12 +5,15 @@
 //! a `Replicated` one's is the whole dense gradient.
 
 use safemlx::{Array, Stream};
+use safemlx_dist::checkpoint::{Checkpoint, HfDirectory};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
+use safemlx_dist::models::Llama;
 use safemlx_dist::nn::{
     gather_logits, Moe, MoeConfig, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp,
     VocabParallelEmbedding,
 };
+use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{chunk, Replicated, Sharded};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
@@ -378,22 +381,97 @@ fn check_untraced_layers(group: &Group) {
     );
 }
 
-#[test]
-fn a_model_is_not_traced_through_its_attention_yet() {
-    let s = cpu();
-    let group = safemlx_dist::init(false, Backend::Ring).unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/llama-tied-kv3");
-    let source = safemlx_dist::checkpoint::HfDirectory::open(&dir).unwrap();
-    let model = &safemlx_dist::models::Llama::from_hf(&group, &source, &s).unwrap();
-    let err = value_and_grad(&[Array::from_f32(1.0)], |p| {
-        let logits = model.forward(&[1, 2, 3], &mut model.new_cache(), &s)?;
-        let all = gather_logits(&logits, 0..3, &s)?;
-        all.sum_all(&s)?
-            .mul(&ShardedArray::replicated(p[0].clone(), &group), &s)
+const MODEL_CASES: [(&str, usize); 3] = [
+    ("llama-tied-kv3", 3),
+    ("qwen2-bias", 2),
+    ("qwen3-qknorm", 2),
+];
+
+/// The loss of `tests/golden/make_gradient_goldens.py`, its gradient's
+/// global norm, and the gradient as a model.
+fn model_loss_and_norm(model: &Llama, group: &Group, s: &Stream) -> (f32, f32, Llama) {
+    let prompt: Vec<u32> = vec![1, 5, 17, 33, 2, 60, 66, 12, 40];
+    let (t, v) = (prompt.len() as i32, model.config().vocab_size as i32);
+    let c: Vec<f32> = (0..t * v).map(|i| (0.1 * i as f32).sin()).collect();
+    let c = ShardedArray::<Replicated>::replicated(Array::from_slice(&c, &[t, v]), group);
+    let (loss, grads) = value_and_grad_of(model, |m| {
+        let logits = m.forward(&prompt, &mut m.new_cache(), s)?;
+        gather_logits(&logits, 0..t as usize, s)?
+            .mul(&c, s)?
+            .sum_all(s)
     })
-    .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "gradients through grouped-query attention (the models' attention) are not supported yet; compute it outside `grad::value_and_grad`"
-    );
+    .expect("value_and_grad_of");
+    let (grads, norm) = clip_grad_norm(&grads, f32::MAX, group, s).expect("norm");
+    (host(&loss, s)[0], norm, grads)
+}
+
+/// Every float weight of a real Llama-family model (tied embeddings and 3
+/// KV heads, q/k/v biases, q/k norms): the loss and the global norm of its
+/// gradient equal mlx-lm's, at every rank count up to the KV heads; the
+/// norm counts each rank's chunks and each replicated gradient once, so a
+/// missing or doubled sum over ranks shows.
+fn check_models(group: &Group) {
+    let s = cpu();
+    for (case, kv) in MODEL_CASES {
+        if group.size() > kv {
+            continue;
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("golden/llama")
+            .join(case);
+        let model = Llama::from_hf(group, &HfDirectory::open(&dir).unwrap(), &s).unwrap();
+        let golden = Checkpoint::open(dir.join("gradients.safetensors")).unwrap();
+        let want = |name: &str| host(&golden.read(name, &s).unwrap(), &s)[0];
+        let (loss, norm, grads) = model_loss_and_norm(&model, group, &s);
+        let what = format!("{case} at {} ranks", group.size());
+        let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
+        assert!(
+            relative(loss, want("loss")) <= 1e-4,
+            "{what}: loss {loss} vs mlx-lm {}",
+            want("loss")
+        );
+        assert!(
+            relative(norm, want("grad_norm")) <= 1e-4,
+            "{what}: gradient norm {norm} vs mlx-lm {}",
+            want("grad_norm")
+        );
+        assert_eq!(grads.parameters().len(), model.parameters().len(), "{what}");
+        // One AdamW step lowers the loss at every rank count.
+        let mut adam = AdamW::new(1e-3);
+        let stepped = adam.update(&model, &grads, &s).unwrap();
+        let (after, _, _) = model_loss_and_norm(&stepped, group, &s);
+        assert!(
+            after < loss,
+            "{what}: the loss went from {loss} to {after} after a step"
+        );
+    }
+}
+
+#[test]
+fn model_gradients_match_mlx_lm_at_1_to_3_ranks() {
+    for ranks in [1, 2, 3] {
+        Ranks::new(ranks)
+            .run_test(check_models)
+            .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
+    }
+}
+
+#[test]
+fn more_ranks_than_kv_heads_is_an_error_when_training() {
+    Ranks::new(3)
+        .run_test(|group| {
+            let s = cpu();
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/qwen3-qknorm");
+            let model = Llama::from_hf(group, &HfDirectory::open(&dir).unwrap(), &s).unwrap();
+            let err = value_and_grad_of(&model, |m| {
+                let logits = m.forward(&[1, 2], &mut m.new_cache(), &s)?;
+                gather_logits(&logits, 0..2, &s)?.sum_all(&s)
+            })
+            .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "gradients of grouped-query attention over 3 ranks with 2 KV heads are not supported yet (a KV head held by several ranks); train on at most 2 ranks"
+            );
+        })
+        .unwrap();
 }

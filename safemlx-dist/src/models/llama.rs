@@ -24,6 +24,7 @@ use safemlx::{Array, Stream};
 use super::config::LlamaConfig;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, TensorSource};
 use crate::error::{Error, Result};
+use crate::grad::{split_locals, Parameter, Parameters};
 use crate::nn::{
     GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp,
     QuantizedVocabParallelEmbedding, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
@@ -430,6 +431,115 @@ impl Llama {
             .sum();
         let head = self.lm_head.as_ref().map_or(0, Table::nbytes);
         self.embed.nbytes() + layers + norms(&self.norm) + head
+    }
+}
+
+// Trainable parts: float weights. Quantized ones stay frozen (they list no
+// parameters); an MoE layer refuses to be traced (see `nn::Moe`).
+
+impl Parameters for Mlp {
+    fn parameters(&self) -> Vec<Parameter> {
+        match self {
+            Self::Float(m) => m.parameters(),
+            Self::Quantized(_) | Self::Moe(_) => Vec::new(),
+        }
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        match self {
+            Self::Float(m) => Ok(Self::Float(m.with_parameters(locals)?)),
+            Self::Quantized(_) | Self::Moe(_) => Err(Error::Shape(
+                "a quantized or mixture-of-experts MLP has no trainable parameters".to_owned(),
+            )),
+        }
+    }
+}
+
+impl Parameters for Table {
+    fn parameters(&self) -> Vec<Parameter> {
+        match self {
+            Self::Float(e) => e.parameters(),
+            Self::Quantized(_) => Vec::new(),
+        }
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        match self {
+            Self::Float(e) => Ok(Self::Float(e.with_parameters(locals)?)),
+            Self::Quantized(_) => Err(Error::Shape(
+                "a quantized vocabulary table has no trainable parameters".to_owned(),
+            )),
+        }
+    }
+}
+
+impl Parameters for DecoderLayer {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut all = self.input_norm.parameters();
+        all.extend(self.attention.parameters());
+        all.extend(self.post_attention_norm.parameters());
+        all.extend(self.mlp.parameters());
+        all
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        let counts = [
+            1,
+            self.attention.parameters().len(),
+            1,
+            self.mlp.parameters().len(),
+        ];
+        let parts = split_locals(locals, &counts)?;
+        Ok(Self {
+            input_norm: self.input_norm.with_parameters(parts[0])?,
+            attention: self.attention.with_parameters(parts[1])?,
+            post_attention_norm: self.post_attention_norm.with_parameters(parts[2])?,
+            mlp: self.mlp.with_parameters(parts[3])?,
+        })
+    }
+}
+
+/// The model's float weights, in order: the embedding, each layer (its
+/// norms, attention and MLP), the final norm, and the LM head when it is
+/// not tied (a tied head is the embedding: one parameter, whose gradient
+/// sums both uses).
+impl Parameters for Llama {
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut all = self.embed.parameters();
+        all.extend(self.layers.parameters());
+        all.extend(self.norm.parameters());
+        if let Some(head) = &self.lm_head {
+            all.extend(head.parameters());
+        }
+        all
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        if self.is_quantized() || self.config.moe.is_some() {
+            return Err(Error::Model {
+                path: self.path.clone(),
+                message: "only a float, dense model is trainable (load it with `--dequantize`; MoE layers have no gradient yet)".to_owned(),
+            });
+        }
+        let counts = [
+            self.embed.parameters().len(),
+            self.layers.parameters().len(),
+            1,
+            self.lm_head.as_ref().map_or(0, |h| h.parameters().len()),
+        ];
+        let parts = split_locals(locals, &counts)?;
+        Ok(Self {
+            config: self.config.clone(),
+            path: self.path.clone(),
+            embed: self.embed.with_parameters(parts[0])?,
+            layers: self.layers.with_parameters(parts[1])?,
+            norm: self.norm.with_parameters(parts[2])?,
+            lm_head: self
+                .lm_head
+                .as_ref()
+                .map(|h| h.with_parameters(parts[3]))
+                .transpose()?,
+        })
     }
 }
 

@@ -262,25 +262,38 @@ impl GqaAttention {
                 x.global_shape()
             )));
         };
-        if crate::grad::is_tracing() {
-            // Its heads run on local arrays, where the typed layer cannot
-            // insert the gradient sums; an error beats a wrong gradient.
-            return Err(Error::Shape(
-                "gradients through grouped-query attention (the models' attention) are not supported yet; compute it outside `grad::value_and_grad`".to_owned(),
-            ));
+        if crate::grad::is_tracing() && x.comm().size() > self.config.kv_heads {
+            // A KV head held by several ranks would need its gradient
+            // summed over exactly those ranks.
+            return Err(Error::Shape(format!(
+                "gradients of grouped-query attention over {} ranks with {} KV heads are not supported yet (a KV head held by several ranks); train on at most {} ranks",
+                x.comm().size(),
+                self.config.kv_heads,
+                self.config.kv_heads
+            )));
         }
         let partial = if self.split.query.1 == 0 {
             // More ranks than query heads: this rank holds none.
             cache.skip(t as usize);
             safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
         } else {
-            self.attend(x.local(), t, cache, s)?
+            // This rank's heads only: the tokens' local gradient is its
+            // share (see `grad`).
+            let local = crate::grad::sum_gradients(x.local(), x.comm(), s)?;
+            self.attend(&local, t, cache, x.comm(), s)?
         };
         ShardedArray::<Partial>::from_local(partial, x.comm(), &[t, d])?.all_sum(s)
     }
 
     /// This rank's heads: `[T, D]`, its share of the output projection.
-    fn attend(&self, x: &Array, t: i32, cache: &mut LayerCache, s: &Stream) -> Result<Array> {
+    fn attend(
+        &self,
+        x: &Array,
+        t: i32,
+        cache: &mut LayerCache,
+        group: &Group,
+        s: &Stream,
+    ) -> Result<Array> {
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
         let project = |w: &Projection, bias: Option<&Array>, heads: i32| -> Result<Array> {
@@ -297,8 +310,11 @@ impl GqaAttention {
         let mut k = project(&self.k, bias(1), kv_heads)?;
         let v = project(&self.v, bias(2), kv_heads)?;
         if let Some([q_norm, k_norm]) = &self.norms {
-            q = safemlx::fast::rms_norm(&q, q_norm, self.config.norm_eps, s)?;
-            k = safemlx::fast::rms_norm(&k, k_norm, self.config.norm_eps, s)?;
+            // Replicated weights applied to this rank's heads only.
+            let q_norm = crate::grad::sum_gradients(q_norm, group, s)?;
+            let k_norm = crate::grad::sum_gradients(k_norm, group, s)?;
+            q = safemlx::fast::rms_norm(&q, &q_norm, self.config.norm_eps, s)?;
+            k = safemlx::fast::rms_norm(&k, &k_norm, self.config.norm_eps, s)?;
         }
         let offset = cache.len();
         let q = self.config.rope.apply(&q, offset, s)?;
@@ -313,6 +329,71 @@ impl GqaAttention {
             .transpose_axes(&[0, 2, 1, 3], s)?
             .reshape(&[t, heads * hd], s)?;
         self.o.apply(&out, s)
+    }
+}
+
+impl crate::grad::Parameters for GqaAttention {
+    /// q, k, v and o (float ones only: quantized ones stay frozen), the
+    /// q/k/v biases, then the q/k norms (replicated).
+    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        let sharded = |a: &Array| crate::grad::Parameter {
+            local: a.clone(),
+            replicated: false,
+        };
+        let mut all: Vec<_> = [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .flat_map(|p| p.parameters())
+            .collect();
+        all.extend(self.biases.iter().flatten().map(sharded));
+        all.extend(self.norms.iter().flatten().map(|a| crate::grad::Parameter {
+            local: a.clone(),
+            replicated: true,
+        }));
+        all
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        let projections = [&self.q, &self.k, &self.v, &self.o];
+        let mut counts: Vec<usize> = projections.iter().map(|p| p.parameters().len()).collect();
+        counts.push(self.biases.as_ref().map_or(0, |_| 3));
+        counts.push(self.norms.as_ref().map_or(0, |_| 2));
+        let parts = crate::grad::split_locals(locals, &counts)?;
+        let arrays = |part: &[Array], like: &[Array]| -> Result<Vec<Array>> {
+            if part.iter().zip(like).any(|(a, b)| a.shape() != b.shape()) {
+                return Err(Error::Shape(
+                    "attention biases or norms of other shapes were given".to_owned(),
+                ));
+            }
+            Ok(part.to_vec())
+        };
+        let biases = match &self.biases {
+            Some(b) => {
+                let [q, k, v]: [Array; 3] = arrays(parts[4], b)?
+                    .try_into()
+                    .map_err(|_| Error::Shape("three biases expected".to_owned()))?;
+                Some([q, k, v])
+            }
+            None => None,
+        };
+        let norms = match &self.norms {
+            Some(n) => {
+                let [q, k]: [Array; 2] = arrays(parts[5], n)?
+                    .try_into()
+                    .map_err(|_| Error::Shape("two norms expected".to_owned()))?;
+                Some([q, k])
+            }
+            None => None,
+        };
+        Ok(Self {
+            config: self.config.clone(),
+            split: self.split,
+            q: self.q.with_parameters(parts[0])?,
+            k: self.k.with_parameters(parts[1])?,
+            v: self.v.with_parameters(parts[2])?,
+            o: self.o.with_parameters(parts[3])?,
+            biases,
+            norms,
+        })
     }
 }
 

@@ -74,6 +74,43 @@ impl Projection {
         }
     }
 
+    /// The float weight as a trainable (sharded) parameter; none for a
+    /// quantized one, which stays frozen.
+    pub fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        match self {
+            Self::Float(w) => vec![crate::grad::Parameter {
+                local: w.clone(),
+                replicated: false,
+            }],
+            Self::Quantized(_) => Vec::new(),
+        }
+    }
+
+    /// The same projection with its float weight replaced (see
+    /// [`parameters`](Self::parameters)).
+    ///
+    /// # Errors
+    /// A count or shape other than the weight's.
+    pub fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        match self {
+            Self::Float(w) => {
+                crate::grad::check_count(1, locals.len())?;
+                if locals[0].shape() != w.shape() {
+                    return Err(crate::error::Error::Shape(format!(
+                        "a projection of shape {:?} was given an array of shape {:?}",
+                        w.shape(),
+                        locals[0].shape()
+                    )));
+                }
+                Ok(Self::Float(locals[0].clone()))
+            }
+            Self::Quantized(w) => {
+                crate::grad::check_count(0, locals.len())?;
+                Ok(Self::Quantized(w.clone()))
+            }
+        }
+    }
+
     /// Whether the weight stays quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Self::Quantized(_))
