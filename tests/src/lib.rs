@@ -190,3 +190,16 @@ pub fn check_every_lowering(group: &Group) {
         }
     }
 }
+
+/// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
+/// beside the running test's directory.
+pub fn built(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let path = exe.ancestors().nth(2).expect("target/<profile>").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `cargo build --release --examples --bin safemlx-launch`",
+        path.display()
+    );
+    path
+}

@@ -14,8 +14,8 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{Backend, Group};
-use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::{check_logits, golden};
+use safemlx_dist_tests::{built, cpu};
 
 /// Every case of the golden script: (directory, what it covers).
 const CASES: [(&str, &str); 3] = [
@@ -196,19 +196,6 @@ fn stacked_experts_of_transformers_5_give_the_same_logits() {
             })
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
     }
-}
-
-/// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
-/// beside this test's directory.
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let path = exe.ancestors().nth(2).expect("target/<profile>").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: build it with `cargo build --release --examples --bin safemlx-launch`",
-        path.display()
-    );
-    path
 }
 
 #[test]

@@ -227,3 +227,66 @@ fn mismatched_gradients_and_bad_clipping_are_errors() {
         "the model has 1 parameters but 0 arrays were given"
     );
 }
+
+/// `examples/train` under `safemlx-launch -n ranks`, writing to `out`.
+fn train(ranks: usize, out: &std::path::Path, extra: &[&str]) -> String {
+    let out_arg = out.to_str().expect("utf-8 path");
+    let run = std::process::Command::new(safemlx_dist_tests::built("safemlx-launch"))
+        .args(["-n", &ranks.to_string(), "--timeout", "120", "--"])
+        .arg(safemlx_dist_tests::built("examples/train"))
+        .args(["--out", out_arg])
+        .args(extra)
+        .output()
+        .expect("safemlx-launch runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        run.status.success(),
+        "train at {ranks} ranks {extra:?}:\n{all}"
+    );
+    all
+}
+
+fn curve(path: std::path::PathBuf) -> Vec<f32> {
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("loss curve")).expect("json")
+}
+
+/// The example: 2 ranks follow the 1-rank loss curve, 10 steps then 10
+/// resumed from the sharded checkpoint equal 20 in one go, and the picture
+/// is a PNG.
+#[test]
+fn the_train_example_follows_one_rank_and_resumes() {
+    let base = std::env::temp_dir().join(format!("safemlx-train-{}", std::process::id()));
+    let (whole, halves) = (base.join("whole"), base.join("halves"));
+    let _ = std::fs::remove_dir_all(&base);
+    train(1, &whole, &["--steps", "20"]);
+    let out = train(2, &whole, &["--steps", "20"]);
+    assert!(out.contains("ranks: 2, 20 steps of 64 tokens"), "{out}");
+    let (one, two) = (
+        curve(whole.join("loss-1.json")),
+        curve(whole.join("loss-2.json")),
+    );
+    assert_eq!((one.len(), two.len()), (20, 20));
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        let err = (a - b).abs() / a.abs();
+        assert!(err <= 1e-3, "step {step}: 2 ranks {b} vs 1 rank {a}");
+    }
+    assert!(two[19] < 0.7 * two[0], "the loss did not fall: {two:?}");
+    train(2, &halves, &["--steps", "10"]);
+    let out = train(2, &halves, &["--steps", "10", "--resume"]);
+    assert!(out.contains("resumed after step 10"), "{out}");
+    let resumed = curve(halves.join("loss-2.json"));
+    assert_eq!(resumed.len(), 20);
+    for (step, (a, b)) in two.iter().zip(&resumed).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "step {step}: resumed {b} vs {a}"
+        );
+    }
+    let png = std::fs::read(whole.join("loss.png")).expect("loss.png");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let _ = std::fs::remove_dir_all(&base);
+}

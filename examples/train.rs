@@ -1,0 +1,430 @@
+//! Trains a tiny Llama-family model, tensor parallel, on a corpus the
+//! program writes itself (byte-level: one token per byte).
+//!
+//! ```text
+//! safemlx-launch -n N -- target/release/examples/train [--out DIR] [--steps K (200)]
+//!     [--lr LR] [--seq T] [--resume]
+//! ```
+//!
+//! Rank 0 writes the model once (`DIR/model`: a Hugging Face directory of
+//! random weights, 8 query heads over 4 KV heads, so 1, 2 or 4 ranks), then
+//! every rank loads its part, and each step takes the cross-entropy of the
+//! next byte over a window of the corpus, its gradient
+//! (`grad::value_and_grad_of`), clips it to norm 1 and takes an AdamW step.
+//! Rank 0 shows a progress bar and prints the loss and tokens/s; at the end
+//! each rank saves its parameters and AdamW state
+//! (`DIR/checkpoint-N/rank-R.safetensors`, resumed with `--resume`), rank 0
+//! writes the loss curve to `DIR/loss-N.json` and draws every curve in
+//! `DIR` (runs at other rank counts included) to `DIR/loss.png`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use safemlx::{Array, Stream};
+use safemlx_dist::checkpoint::{save, Checkpoint, HfDirectory};
+use safemlx_dist::grad::{value_and_grad_of, Parameters};
+use safemlx_dist::models::Llama;
+use safemlx_dist::nn::gather_logits;
+use safemlx_dist::optim::{clip_grad_norm, AdamW};
+use safemlx_dist::{Group, Replicated, ShardedArray};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, weights};
+
+const VOCAB: i32 = 256;
+const DIM: i32 = 64;
+const HIDDEN: i32 = 128;
+const HEADS: i32 = 8;
+const KV_HEADS: i32 = 4;
+const LAYERS: i32 = 2;
+
+fn main() -> ExitCode {
+    safemlx_dist_examples::exit("train", run())
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// The corpus: short English sentences from a fixed grammar, the same on
+/// every rank and run.
+fn corpus() -> Vec<u8> {
+    let subjects = ["the cat", "a dog", "the bird", "my friend", "the child"];
+    let verbs = ["sees", "likes", "follows", "finds", "helps"];
+    let objects = ["the ball", "a tree", "the house", "the river", "a book"];
+    let mut text = String::new();
+    let mut state: u64 = 7;
+    let mut next = |n: usize| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) as usize % n
+    };
+    while text.len() < 20_000 {
+        let (s, v, o) = (next(5), next(5), next(5));
+        text.push_str(&format!("{} {} {}. ", subjects[s], verbs[v], objects[o]));
+    }
+    text.into_bytes()
+}
+
+/// Rank 0 writes the random model to `dir` unless it is there; every rank
+/// then waits for it (a barrier).
+fn write_model(dir: &Path, group: &Group, s: &Stream) -> Result<(), String> {
+    if group.rank() == 0 && !dir.join("model.safetensors").exists() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let config = serde_json::json!({
+            "model_type": "llama",
+            "vocab_size": VOCAB,
+            "hidden_size": DIM,
+            "intermediate_size": HIDDEN,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": HEADS,
+            "num_key_value_heads": KV_HEADS,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 1024,
+            "tie_word_embeddings": true,
+            "torch_dtype": "float32",
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).map_err(err)?;
+        let hd = DIM / HEADS;
+        let mut tensors: Vec<(String, Array)> = vec![
+            (
+                "model.embed_tokens.weight".into(),
+                weights(&[VOCAB, DIM], 1, 0.1),
+            ),
+            (
+                "model.norm.weight".into(),
+                Array::from_slice(&vec![1.0f32; DIM as usize], &[DIM]),
+            ),
+        ];
+        for l in 0..LAYERS {
+            let p = |name: &str| format!("model.layers.{l}.{name}");
+            let seed = 100 * (l as u64 + 1);
+            let ones = || Array::from_slice(&vec![1.0f32; DIM as usize], &[DIM]);
+            tensors.extend([
+                (p("input_layernorm.weight"), ones()),
+                (p("post_attention_layernorm.weight"), ones()),
+                (
+                    p("self_attn.q_proj.weight"),
+                    weights(&[HEADS * hd, DIM], seed + 1, 0.15),
+                ),
+                (
+                    p("self_attn.k_proj.weight"),
+                    weights(&[KV_HEADS * hd, DIM], seed + 2, 0.15),
+                ),
+                (
+                    p("self_attn.v_proj.weight"),
+                    weights(&[KV_HEADS * hd, DIM], seed + 3, 0.15),
+                ),
+                (
+                    p("self_attn.o_proj.weight"),
+                    weights(&[DIM, HEADS * hd], seed + 4, 0.15),
+                ),
+                (
+                    p("mlp.gate_proj.weight"),
+                    weights(&[HIDDEN, DIM], seed + 5, 0.15),
+                ),
+                (
+                    p("mlp.up_proj.weight"),
+                    weights(&[HIDDEN, DIM], seed + 6, 0.15),
+                ),
+                (
+                    p("mlp.down_proj.weight"),
+                    weights(&[DIM, HIDDEN], seed + 7, 0.1),
+                ),
+            ]);
+        }
+        save(dir.join("model.safetensors"), &tensors, s).map_err(err)?;
+        println!(
+            "rank 0: wrote a random {LAYERS}-layer model to {}",
+            dir.display()
+        );
+    }
+    let done = safemlx_dist::all_sum(&Array::from_f32(1.0), group, s).map_err(err)?;
+    safemlx_dist::eval(&[&done]).map_err(err)
+}
+
+/// The mean cross-entropy of `targets` under the full logits `[T, V]`.
+fn cross_entropy(
+    logits: &ShardedArray<Replicated>,
+    targets: &Array,
+    group: &Group,
+    s: &Stream,
+) -> safemlx_dist::Result<ShardedArray<Replicated>> {
+    let l = logits.local();
+    let t = l.shape()[0];
+    let lse = safemlx::ops::logsumexp_axis(l, -1, false, s)?;
+    let picked = l
+        .take_along_axis(&targets.reshape(&[t, 1], s)?, -1, s)?
+        .reshape(&[t], s)?;
+    let mean = lse.subtract(&picked, s)?.mean(None, s)?;
+    ShardedArray::from_local(mean, group, &[])
+}
+
+struct Saved {
+    steps: i32,
+    losses: Vec<f32>,
+}
+
+fn checkpoint_path(out: &Path, group: &Group) -> PathBuf {
+    out.join(format!("checkpoint-{}", group.size()))
+        .join(format!("rank-{}.safetensors", group.rank()))
+}
+
+/// This rank's parameters, AdamW moments and the losses so far.
+fn save_checkpoint(
+    path: &Path,
+    model: &Llama,
+    adam: &AdamW,
+    losses: &[f32],
+    s: &Stream,
+) -> Result<(), String> {
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).map_err(err)?;
+    let mut tensors: Vec<(String, Array)> = Vec::new();
+    for (i, (p, (m, v))) in model.parameters().iter().zip(adam.moments()).enumerate() {
+        tensors.push((format!("param.{i}"), p.local.clone()));
+        tensors.push((format!("adam_m.{i}"), m.clone()));
+        tensors.push((format!("adam_v.{i}"), v.clone()));
+    }
+    tensors.push(("steps".into(), Array::from_slice(&[adam.steps()], &[1])));
+    tensors.push((
+        "losses".into(),
+        Array::from_slice(losses, &[losses.len() as i32]),
+    ));
+    save(path, &tensors, s).map_err(err)
+}
+
+fn resume(
+    path: &Path,
+    model: &Llama,
+    adam: &mut AdamW,
+    s: &Stream,
+) -> Result<(Llama, Saved), String> {
+    let file = Checkpoint::open(path).map_err(|e| {
+        format!("--resume: cannot open this rank's checkpoint {}: {e}; run without --resume first, at the same rank count", path.display())
+    })?;
+    let count = model.parameters().len();
+    let read = |name: String| file.read(&name, s).map_err(err);
+    let params = (0..count)
+        .map(|i| read(format!("param.{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let moments = (0..count)
+        .map(|i| Ok((read(format!("adam_m.{i}"))?, read(format!("adam_v.{i}"))?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    let steps = safemlx_dist_examples::values(&read("steps".into())?, s)?;
+    let losses = safemlx_dist_examples::values(&read("losses".into())?, s)?;
+    let steps = steps.first().copied().unwrap_or(0.0) as i32;
+    adam.restore(steps, moments);
+    Ok((
+        model.with_parameters(&params).map_err(err)?,
+        Saved { steps, losses },
+    ))
+}
+
+/// Every `loss-N.json` in `out`, drawn to `out/loss.png`.
+fn plot(out: &Path) -> Result<PathBuf, String> {
+    use plotters::prelude::*;
+    let mut curves: Vec<(usize, Vec<f32>)> = Vec::new();
+    for entry in std::fs::read_dir(out).map_err(err)? {
+        let path = entry.map_err(err)?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if let Some(n) = name
+            .strip_prefix("loss-")
+            .and_then(|n| n.strip_suffix(".json"))
+        {
+            let ranks: usize = n.parse().map_err(err)?;
+            let text = std::fs::read_to_string(&path).map_err(err)?;
+            curves.push((ranks, serde_json::from_str(&text).map_err(err)?));
+        }
+    }
+    curves.sort_by_key(|c| c.0);
+    let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
+    let labels = match std::fs::read(font) {
+        Ok(bytes) => plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            Box::leak(bytes.into_boxed_slice()),
+        )
+        .is_ok(),
+        Err(_) => false,
+    };
+    let steps = curves.iter().map(|c| c.1.len()).max().unwrap_or(1).max(2);
+    let top = curves
+        .iter()
+        .flat_map(|c| c.1.iter().copied())
+        .fold(0.0f32, f32::max)
+        * 1.05;
+    let png = out.join("loss.png");
+    let root = BitMapBackend::new(&png, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20);
+    if labels {
+        builder
+            .caption("training loss (cross-entropy per byte)", ("sans-serif", 22))
+            .x_label_area_size(40)
+            .y_label_area_size(50);
+    }
+    let mut chart = builder
+        .build_cartesian_2d(0..steps, 0f32..top.max(1e-3))
+        .map_err(err)?;
+    if labels {
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .draw()
+            .map_err(err)?;
+    }
+    let colors = [BLUE, RED, GREEN, MAGENTA];
+    for (k, (ranks, losses)) in curves.iter().enumerate() {
+        let color = colors[k % colors.len()];
+        let series = chart
+            .draw_series(LineSeries::new(
+                losses.iter().enumerate().map(|(i, &l)| (i, l)),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?;
+        if labels {
+            series
+                .label(format!("{ranks} rank(s)"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+    }
+    if labels {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    drop(chart);
+    drop(root);
+    if !labels {
+        println!(
+            "rank 0: no font at {}: the picture has no labels",
+            font.display()
+        );
+    }
+    Ok(png)
+}
+
+fn run() -> Result<(), String> {
+    let s = cpu_stream();
+    let backend = backend_from_args()?;
+    let group = safemlx_dist::init(false, backend).map_err(err)?;
+    let number = |name: &str, default: &str| -> Result<f64, String> {
+        let v = flag(name).unwrap_or_else(|| default.to_owned());
+        v.parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or_else(|| format!("{name} takes a positive number, got {v:?}"))
+    };
+    let out = PathBuf::from(flag("--out").unwrap_or_else(|| "target/train".to_owned()));
+    let steps = number("--steps", "200")? as usize;
+    let lr = number("--lr", "0.003")? as f32;
+    let seq = number("--seq", "64")? as usize;
+    let resuming = std::env::args().any(|a| a == "--resume");
+    if group.size() > KV_HEADS as usize {
+        return Err(format!(
+            "the model has {KV_HEADS} KV heads: train on at most {KV_HEADS} ranks, not {}",
+            group.size()
+        ));
+    }
+    let model_dir = out.join("model");
+    write_model(&model_dir, &group, &s)?;
+    let dir = HfDirectory::open(&model_dir).map_err(err)?;
+    let mut model = Llama::from_hf(&group, &dir, &s).map_err(err)?;
+    let mut adam = AdamW::new(lr);
+    let path = checkpoint_path(&out, &group);
+    let mut losses = Vec::new();
+    if resuming {
+        let (resumed, saved) = resume(&path, &model, &mut adam, &s)?;
+        model = resumed;
+        losses = saved.losses;
+        if group.rank() == 0 {
+            println!(
+                "rank 0: resumed after step {} from {}",
+                saved.steps,
+                path.display()
+            );
+        }
+    }
+    let text = corpus();
+    let windows = (text.len() - seq - 1) / seq;
+    let rank0 = group.rank() == 0;
+    let bar = if rank0 {
+        let bar = ProgressBar::new(steps as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").map_err(err)?,
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let started = Instant::now();
+    let first = losses.len();
+    for step in first..first + steps {
+        let at = (step % windows) * seq;
+        let tokens: Vec<u32> = text[at..at + seq].iter().map(|&b| u32::from(b)).collect();
+        let targets: Vec<i32> = text[at + 1..at + seq + 1]
+            .iter()
+            .map(|&b| i32::from(b))
+            .collect();
+        let targets = Array::from_slice(&targets, &[seq as i32]);
+        let timer = Instant::now();
+        let (loss, grads) = value_and_grad_of(&model, |m| {
+            let logits = m.forward(&tokens, &mut m.new_cache(), &s)?;
+            cross_entropy(&gather_logits(&logits, 0..seq, &s)?, &targets, &group, &s)
+        })
+        .map_err(err)?;
+        let (grads, norm) = clip_grad_norm(&grads, 1.0, &group, &s).map_err(err)?;
+        model = adam.update(&model, &grads, &s).map_err(err)?;
+        let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
+        safemlx_dist::eval(&locals.iter().chain([&loss]).collect::<Vec<_>>()).map_err(err)?;
+        let loss = safemlx_dist_examples::values(&loss, &s)?[0];
+        losses.push(loss);
+        let rate = seq as f64 / timer.elapsed().as_secs_f64();
+        bar.set_message(format!(
+            "loss {loss:.4}  grad norm {norm:.3}  {rate:.0} tokens/s"
+        ));
+        bar.inc(1);
+        if rank0 && (step + 1) % 20 == 0 {
+            let line = format!("step {:>4}  loss {loss:.4}  {rate:.0} tokens/s", step + 1);
+            // Not a terminal (a launcher, a log): the bar is not drawn.
+            if bar.is_hidden() {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
+        }
+    }
+    bar.finish();
+    let seconds = started.elapsed().as_secs_f64();
+    save_checkpoint(&path, &model, &adam, &losses, &s)?;
+    if rank0 {
+        println!(
+            "ranks: {}, {steps} steps of {seq} tokens in {seconds:.1} s ({:.0} tokens/s); loss {:.4} -> {:.4}",
+            group.size(),
+            (steps * seq) as f64 / seconds,
+            losses.first().copied().unwrap_or(0.0),
+            losses.last().copied().unwrap_or(0.0),
+        );
+        println!(
+            "rank 0: saved each rank's checkpoint under {}",
+            path.parent().unwrap_or(&out).display()
+        );
+        let curve = out.join(format!("loss-{}.json", group.size()));
+        std::fs::write(&curve, serde_json::to_string(&losses).map_err(err)?).map_err(err)?;
+        let png = plot(&out)?;
+        println!(
+            "rank 0: loss curve in {} (every loss-N.json in {})",
+            png.display(),
+            out.display()
+        );
+    }
+    Ok(())
+}
