@@ -260,3 +260,62 @@ where
     let (value, grads) = value_and_grad(&locals, |p| loss(&model.with_parameters(p)?))?;
     Ok((value, model.with_parameters(&grads)?))
 }
+
+/// The gradients averaged over the ranks of `group`, data parallelism's
+/// reduction (MLX Python's `average_gradients`): each rank computed `grads`
+/// on its own data with the same model. The arrays travel in buckets of
+/// about `bucket_bytes` (one `all_sum` per bucket rather than per array;
+/// an array larger than a bucket goes alone).
+///
+/// With tensor parallelism too, `group` is the data-parallel group (the
+/// ranks holding the same shards), made with [`Group::split`]; MLX's ring
+/// backend cannot split a group, so data x tensor parallelism needs MPI.
+///
+/// # Errors
+/// A `bucket_bytes` of 0, or an MLX error.
+pub fn average_gradients<M: Parameters>(
+    grads: &M,
+    group: &crate::Group,
+    bucket_bytes: usize,
+    s: &Stream,
+) -> Result<M> {
+    if bucket_bytes == 0 {
+        return Err(Error::Shape(
+            "average_gradients: bucket_bytes must be at least 1".to_owned(),
+        ));
+    }
+    let locals: Vec<Array> = grads.parameters().into_iter().map(|p| p.local).collect();
+    if group.size() == 1 {
+        return grads.with_parameters(&locals);
+    }
+    let n = Array::from_f32(group.size() as f32);
+    let mut averaged: Vec<Array> = Vec::with_capacity(locals.len());
+    let mut start = 0;
+    while start < locals.len() {
+        // The next bucket: arrays of one dtype up to `bucket_bytes`.
+        let mut end = start + 1;
+        let mut bytes = locals[start].nbytes();
+        while end < locals.len()
+            && locals[end].dtype() == locals[start].dtype()
+            && bytes + locals[end].nbytes() <= bucket_bytes
+        {
+            bytes += locals[end].nbytes();
+            end += 1;
+        }
+        let flat: Vec<Array> = locals[start..end]
+            .iter()
+            .map(|a| a.reshape(&[-1], s))
+            .collect::<std::result::Result<_, _>>()?;
+        let sizes: Vec<i32> = flat.iter().map(|a| a.shape()[0]).collect();
+        let joined = safemlx::ops::concatenate_axis(&flat, 0, s)?;
+        let mean = crate::all_sum(&joined, group, s)?.divide(&n, s)?;
+        let mut offset = 0;
+        for (a, &len) in locals[start..end].iter().zip(&sizes) {
+            let piece = crate::typed::collective::slice_axis(&mean, 0, offset, len as usize, s)?;
+            averaged.push(piece.reshape(a.shape(), s)?);
+            offset += len as usize;
+        }
+        start = end;
+    }
+    grads.with_parameters(&averaged)
+}

@@ -5,7 +5,7 @@
 //! and end at the same weights.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::grad::{value_and_grad_of, Parameters};
+use safemlx_dist::grad::{average_gradients, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{RmsNorm, SwiGluMlp};
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
@@ -289,4 +289,64 @@ fn the_train_example_follows_one_rank_and_resumes() {
     let png = std::fs::read(whole.join("loss.png")).expect("loss.png");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Data parallel x tensor parallel on 4 MPI ranks: 2 replicas of a model
+/// split over 2 ranks each, each replica taking half of the rows; the
+/// averaged gradients give the dense full-batch curve.
+fn check_data_parallel(world: &Group) {
+    let s = cpu();
+    let d = data(&s);
+    let (want_curve, _) = dense_curve(&d, &s);
+    let rank = world.rank() as i32;
+    let tp = world
+        .split(rank / 2, Some(rank))
+        .expect("tensor-parallel group");
+    let dp = world
+        .split(rank % 2, Some(rank))
+        .expect("data-parallel group");
+    assert_eq!((tp.size(), dp.size()), (2, 2));
+    let replica = world.rank() / 2;
+    let rows: Vec<i32> = (0..T / 2).map(|r| r + replica as i32 * T / 2).collect();
+    let rows = Array::from_slice(&rows, &[T / 2]);
+    let take = |a: &Array| a.take_axis(&rows, 0, &s).unwrap();
+    let x = ShardedArray::<Replicated>::replicated(take(&d.x), &tp);
+    let target = ShardedArray::<Replicated>::replicated(take(&d.target), &tp);
+    let norm = RmsNorm {
+        weight: ShardedArray::replicated(d.norm.clone(), &tp),
+        eps: 1e-5,
+    };
+    let mlp = SwiGluMlp::from_full(&tp, d.gate.clone(), d.up.clone(), d.down.clone(), &s).unwrap();
+    let mut model = (norm, mlp);
+    let mut adam = AdamW::new(LR);
+    for (step, &(want_loss, want_norm)) in want_curve.iter().enumerate() {
+        let (loss, grads) = value_and_grad_of(&model, |(norm, mlp)| {
+            let e = mlp.forward(&norm.forward(&x, &s)?, &s)?.sub(&target, &s)?;
+            e.mul(&e, &s)?.sum_all(&s)?.scale(0.5 / (T / 2) as f32, &s)
+        })
+        .expect("value_and_grad_of");
+        // A small bucket: the four arrays travel in more than one all_sum.
+        let grads = average_gradients(&grads, &dp, 256, &s).expect("average");
+        let (grads, norm) = clip_grad_norm(&grads, MAX_NORM, &tp, &s).expect("clip");
+        model = adam.update(&model, &grads, &s).expect("AdamW");
+        let mean = safemlx_dist::all_sum(&loss, &dp, &s).unwrap();
+        let loss = host(&mean, &s)[0] / 2.0;
+        let relative = |got: f32, want: f32| (got - want).abs() / want.abs().max(1e-6);
+        assert!(
+            relative(loss, want_loss) <= 1e-3,
+            "step {step}: loss {loss} vs dense {want_loss}"
+        );
+        assert!(
+            relative(norm, want_norm) <= 1e-3,
+            "step {step}: norm {norm} vs dense {want_norm}"
+        );
+    }
+}
+
+#[test]
+fn data_and_tensor_parallel_training_follows_the_dense_curve_on_mpi() {
+    Ranks::new(4)
+        .backend(Backend::Mpi)
+        .run_test(check_data_parallel)
+        .unwrap_or_else(|e| panic!("4 MPI ranks: {e}"));
 }
