@@ -268,8 +268,9 @@ where
 /// an array larger than a bucket goes alone).
 ///
 /// With tensor parallelism too, `group` is the data-parallel group (the
-/// ranks holding the same shards), made with [`Group::split`]; MLX's ring
-/// backend cannot split a group, so data x tensor parallelism needs MPI.
+/// ranks holding the same shards), made with
+/// [`Group::split`](crate::Group::split); MLX's ring backend cannot split
+/// a group, so data x tensor parallelism needs MPI.
 ///
 /// # Errors
 /// A `bucket_bytes` of 0, or an MLX error.
