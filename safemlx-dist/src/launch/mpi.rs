@@ -14,10 +14,8 @@ pub(crate) struct Hosts {
     pub program: std::path::PathBuf,
 }
 
-/// `mpirun` flags: allowed as root, more ranks than cores allowed, each
-/// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `,
-/// and a rank that exits with status 0 taken at its word (see
-/// [`ALLOW_EXIT_WITHOUT_SYNC`]);
+/// `mpirun` flags: allowed as root, more ranks than cores allowed, and each
+/// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `;
 /// with `hosts`, `--host a:3,b:2` (ranks in order) and mpirun's daemons
 /// started with the same ssh command as ring ranks.
 pub(crate) fn command(
@@ -39,7 +37,6 @@ pub(crate) fn command(
             "--bind-to",
             "none",
         ])
-        .args(ALLOW_EXIT_WITHOUT_SYNC)
         .arg("-n")
         .arg(ranks.to_string());
     let mut program = program.clone();
@@ -75,16 +72,6 @@ pub(crate) fn command(
         .args(args);
     mpirun
 }
-
-/// Open MPI 4's daemon can see a rank's exit before the finalize that rank
-/// sent it (open-mpi/ompi#7833), and then fails a run whose every rank
-/// finished with status 0: "mpirun has exited due to process rank 2 ...
-/// exiting improperly", about one 4-host run in ten here. Each rank's own
-/// status still comes from the wrapper ([`EXIT_MARKER`]), a non-zero one
-/// still stops the run, and a rank that truly left early leaves its peers
-/// waiting (in a collective or in their own finalize), which the run's
-/// timeout ends.
-const ALLOW_EXIT_WITHOUT_SYNC: [&str; 3] = ["--mca", "orte_allowed_exit_without_sync", "1"];
 
 /// Splits one line of `mpirun --tag-output` into its tagged pieces: a rank
 /// that printed without a final newline shares its line with the next tag,
