@@ -164,10 +164,33 @@ fn four_hosts_compute_what_loopback_computes_on_ring_and_mpi() {
     let Some(net) = network(4) else { return };
     for backend in [Backend::Ring, Backend::Mpi] {
         for test in ["rank_every_collective", "rank_tensor_parallel_model"] {
-            let out = launch(&net, test, 4, backend, &net.hosts())
-                .output()
-                .expect("safemlx-launch runs");
-            let all = text(&out);
+            let run = || {
+                let out = launch(&net, test, 4, backend, &net.hosts())
+                    .output()
+                    .expect("safemlx-launch runs");
+                let all = text(&out);
+                (out, all)
+            };
+            let (mut out, mut all) = run();
+            // Known and not ours to fix here: now and then (about one 4-host
+            // MPI launch in ten on this machine) a rank that passed exits
+            // without MPI being finalized (MLX finalizes from a static
+            // destructor), and mpirun fails the run saying so. Every rank
+            // must still have passed; then the run is repeated once.
+            let passed = (0..4).all(|rank| {
+                all.contains(&format!(
+                    "[rank {rank} host {}] test result: ok. 1 passed",
+                    net.address(rank)
+                ))
+            });
+            if backend == Backend::Mpi
+                && !out.status.success()
+                && passed
+                && all.contains("exiting improperly")
+            {
+                eprintln!("{test} on mpi: every rank passed, then a rank exited without MPI finalized; running it again");
+                (out, all) = run();
+            }
             assert!(
                 out.status.success(),
                 "{test} on {backend} across 4 hosts:\n{all}"
