@@ -217,11 +217,11 @@ impl<A: Parameters, B: Parameters> Parameters for (A, B) {
     }
 
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        let first = self.0.parameters().len();
-        check_count(first + self.1.parameters().len(), locals.len())?;
+        let counts = [self.0.parameters().len(), self.1.parameters().len()];
+        let parts = split_locals(locals, &counts)?;
         Ok((
-            self.0.with_parameters(&locals[..first])?,
-            self.1.with_parameters(&locals[first..])?,
+            self.0.with_parameters(parts[0])?,
+            self.1.with_parameters(parts[1])?,
         ))
     }
 }
@@ -233,14 +233,10 @@ impl<T: Parameters> Parameters for Vec<T> {
 
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
         let counts: Vec<usize> = self.iter().map(|m| m.parameters().len()).collect();
-        check_count(counts.iter().sum(), locals.len())?;
-        let mut start = 0;
+        let parts = split_locals(locals, &counts)?;
         self.iter()
-            .zip(counts)
-            .map(|(m, n)| {
-                start += n;
-                m.with_parameters(&locals[start - n..start])
-            })
+            .zip(parts)
+            .map(|(m, part)| m.with_parameters(part))
             .collect()
     }
 }
