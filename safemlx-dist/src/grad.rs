@@ -70,6 +70,90 @@ pub fn sum_gradients<C: Collective>(x: &Array, comm: &C, s: &Stream) -> Result<A
     runtime::identity_with_vjp(x, Box::new(move |g| crate::all_sum(g, &group, &s)))
 }
 
+/// `whole` and `shared` unchanged; while tracing a gradient on several
+/// ranks, their gradients are summed in one `all_sum`: those of `whole`
+/// over every rank, those of `shared` over the ranks that pass the same
+/// `slot` of `slots` (the ranks holding one copy of a replicated head).
+///
+/// One sum for several arrays matters where ranks build different graphs
+/// (a rank computing nothing for a layer, e.g. one whose experts got no
+/// token): two independent sums could reach the backward pass in another
+/// order there than on its peers and pair the wrong operands. Every rank
+/// must call it alike (same shapes, same `slots`); a shared array's
+/// gradient travels as a `slots` times larger buffer.
+///
+/// # Errors
+/// A `slot` not below `slots`, or an MLX error.
+pub(crate) fn sum_gradients_together(
+    whole: &[&Array],
+    shared: &[&Array],
+    (slot, slots): (usize, usize),
+    comm: &crate::Group,
+    s: &Stream,
+) -> Result<(Vec<Array>, Vec<Array>)> {
+    let clones = |a: &[&Array]| a.iter().map(|&a| a.clone()).collect::<Vec<_>>();
+    if !is_tracing() || comm.size() == 1 {
+        return Ok((clones(whole), clones(shared)));
+    }
+    if slot >= slots {
+        return Err(Error::Shape(format!(
+            "gradient slot {slot} of {slots}: the slot must be below the count"
+        )));
+    }
+    let flat = |a: &&Array| -> Result<Array> {
+        Ok(a.as_dtype(safemlx::Dtype::Float32, s)?.reshape(&[-1], s)?)
+    };
+    let pieces: Vec<Array> = whole
+        .iter()
+        .chain(shared)
+        .map(flat)
+        .collect::<Result<_>>()?;
+    let whole_len: usize = whole.iter().map(|a| a.size()).sum();
+    let shared_len: usize = shared.iter().map(|a| a.size()).sum();
+    let joint = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
+    let (group, stream) = (comm.clone(), s.clone());
+    let joint = runtime::identity_with_vjp(
+        &joint,
+        Box::new(move |g| {
+            let s = &stream;
+            let cut = |a: &Array, at: usize, len: usize| {
+                crate::typed::collective::slice_axis(a, 0, at, len, s)
+            };
+            let zeros =
+                |len: usize| -> Result<Array> { Ok(safemlx::ops::zeros::<f32>(&[len as i32], s)?) };
+            // The shared part in this rank's slot of a `slots`-long buffer.
+            let buffer = safemlx::ops::concatenate_axis(
+                &[
+                    cut(g, 0, whole_len)?,
+                    zeros(slot * shared_len)?,
+                    cut(g, whole_len, shared_len)?,
+                    zeros((slots - slot - 1) * shared_len)?,
+                ],
+                0,
+                s,
+            )?;
+            let summed = crate::all_sum(&buffer, &group, s)?;
+            Ok(safemlx::ops::concatenate_axis(
+                &[
+                    cut(&summed, 0, whole_len)?,
+                    cut(&summed, whole_len + slot * shared_len, shared_len)?,
+                ],
+                0,
+                s,
+            )?)
+        }),
+    )?;
+    let mut offset = 0;
+    let mut back = |like: &&Array| -> Result<Array> {
+        let piece = crate::typed::collective::slice_axis(&joint, 0, offset, like.size(), s)?;
+        offset += like.size();
+        Ok(piece.reshape(like.shape(), s)?.as_dtype(like.dtype(), s)?)
+    };
+    let whole = whole.iter().map(&mut back).collect::<Result<Vec<_>>>()?;
+    let shared = shared.iter().map(&mut back).collect::<Result<Vec<_>>>()?;
+    Ok((whole, shared))
+}
+
 /// The loss that `loss` computes from `params` and its gradient with
 /// respect to each of them, in order.
 ///
@@ -139,15 +223,17 @@ where
     Ok((values.remove(0), grads))
 }
 
-/// One trainable array of a model: this rank's local array, and whether
-/// every rank holds all of it (a `Replicated` parameter, whose gradient is
-/// the same on every rank).
+/// One trainable array of a model: this rank's local array, and how many
+/// ranks hold the same array (1 for this rank's own chunk of a `Sharded`
+/// parameter, the group's size for a `Replicated` one, whose gradient is
+/// the same on every rank; a KV head replicated on the ranks that share
+/// it, in between). The global norm counts each copy once.
 #[derive(Debug, Clone)]
 pub struct Parameter {
     /// This rank's local array.
     pub local: Array,
-    /// Whether the parameter is `Replicated`.
-    pub replicated: bool,
+    /// Ranks holding this same array, at least 1.
+    pub copies: usize,
 }
 
 impl Parameter {
@@ -155,8 +241,13 @@ impl Parameter {
     pub fn of<P: Placement, C: Collective>(x: &ShardedArray<P, C>) -> Self {
         Self {
             local: x.local().clone(),
-            replicated: P::REPLICATED,
+            copies: if P::REPLICATED { x.comm().size() } else { 1 },
         }
+    }
+
+    /// This rank's own chunk of a parameter (one copy).
+    pub fn own(local: Array) -> Self {
+        Self { local, copies: 1 }
     }
 }
 

@@ -120,7 +120,8 @@ impl AdamW {
 }
 
 /// The gradients scaled so that their global norm (over every rank's
-/// chunks, each `Replicated` gradient counted once) is at most `max_norm`,
+/// chunks, each `Replicated` gradient counted once: see
+/// [`Parameter::copies`](crate::grad::Parameter::copies)) is at most `max_norm`,
 /// and that norm before scaling. Cost: one `all_sum` of a scalar.
 ///
 /// # Errors
@@ -136,18 +137,17 @@ pub fn clip_grad_norm<M: Parameters>(
             "clip_grad_norm: max_norm must be a positive number, got {max_norm}"
         )));
     }
-    let zero = || Array::from_f32(0.0);
-    let (mut own, mut shared) = (zero(), zero());
+    // Each rank adds its arrays' squares, a copy held by k ranks at 1/k.
+    let mut own = Array::from_f32(0.0);
     let params = grads.parameters();
     for p in &params {
-        let sq = p.local.square(s)?.sum(None, s)?;
-        if p.replicated {
-            shared = shared.add(&sq, s)?;
-        } else {
-            own = own.add(&sq, s)?;
+        let mut sq = p.local.square(s)?.sum(None, s)?;
+        if p.copies > 1 {
+            sq = sq.divide(Array::from_f32(p.copies as f32), s)?;
         }
+        own = own.add(&sq, s)?;
     }
-    let total = crate::all_sum(&own, group, s)?.add(&shared, s)?;
+    let total = crate::all_sum(&own, group, s)?;
     crate::eval(&[&total])?;
     let norm = total.try_item::<f32>(s)?.sqrt();
     let scale = (max_norm / (norm + 1e-6)).min(1.0);

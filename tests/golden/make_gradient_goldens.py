@@ -6,7 +6,8 @@ model with mlx-lm, takes the loss sum(logits * c) over the prompt with
 c[t, v] = sin(0.1 * (t * V + v)), and writes gradients.safetensors in the
 case's directory: "loss" and "grad_norm" (the global norm of the gradient
 over every parameter, F32 [1]). The Rust test computes the same loss with
-safemlx-dist at 1 to 3 ranks and compares both numbers.
+safemlx-dist at 1 to 4 ranks (KV heads shared by several ranks included)
+and compares both numbers.
 
 Run once, commit the output; CI needs no Python (same venv as
 make_llama_goldens.py):
@@ -25,7 +26,7 @@ from safetensors.numpy import save_file
 
 ROOT = Path(__file__).parent / "llama"
 PROMPT = [1, 5, 17, 33, 2, 60, 66, 12, 40]
-CASES = ["llama-tied-kv3", "qwen2-bias", "qwen3-qknorm"]
+CASES = ["llama-tied-kv3", "qwen2-bias", "qwen3-qknorm", "llama3-kv1-sharded"]
 
 
 def main():

@@ -10,8 +10,7 @@ use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::Llama;
 use safemlx_dist::nn::{
-    gather_logits, Moe, MoeConfig, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp,
-    VocabParallelEmbedding,
+    gather_logits, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp, VocabParallelEmbedding,
 };
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{chunk, Replicated, Sharded};
@@ -219,7 +218,6 @@ fn check(group: &Group) {
     check_scattered(group);
     check_max(group);
     check_attention_and_embedding(group);
-    check_untraced_layers(group);
 }
 
 #[test]
@@ -354,37 +352,13 @@ fn check_attention_and_embedding(group: &Group) {
     );
 }
 
-/// Layers whose gradients are not written yet refuse to be traced.
-fn check_untraced_layers(group: &Group) {
-    let s = cpu();
-    let mut rng = Rng::new(3);
-    let (t, d, e, h) = (4, 6, 4, 8);
-    let moe = Moe::from_full(
-        group,
-        MoeConfig::new(2),
-        random(&mut rng, &[d, e], 0.3),
-        random(&mut rng, &[e, d, h], 0.3),
-        random(&mut rng, &[e, d, h], 0.3),
-        random(&mut rng, &[e, h, d], 0.3),
-        &s,
-    )
-    .unwrap();
-    let x = random(&mut rng, &[t, d], 0.3);
-    let err = value_and_grad(&[x], |p| {
-        let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
-        moe.forward(&x, &s)?.tokens.sum_all(&s)
-    })
-    .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "gradients through the MoE layer are not supported yet (its routing has no gradient rule here); compute it outside `grad::value_and_grad`"
-    );
-}
-
-const MODEL_CASES: [(&str, usize); 3] = [
-    ("llama-tied-kv3", 3),
-    ("qwen2-bias", 2),
-    ("qwen3-qknorm", 2),
+/// The golden models: tied embeddings with 3 KV heads, q/k/v biases, q/k
+/// norms, and one KV head shared by every rank (untied, two files).
+const MODEL_CASES: [&str; 4] = [
+    "llama-tied-kv3",
+    "qwen2-bias",
+    "qwen3-qknorm",
+    "llama3-kv1-sharded",
 ];
 
 /// The loss of `tests/golden/make_gradient_goldens.py`, its gradient's
@@ -412,10 +386,7 @@ fn model_loss_and_norm(model: &Llama, group: &Group, s: &Stream) -> (f32, f32, L
 /// missing or doubled sum over ranks shows.
 fn check_models(group: &Group) {
     let s = cpu();
-    for (case, kv) in MODEL_CASES {
-        if group.size() > kv {
-            continue;
-        }
+    for case in MODEL_CASES {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("golden/llama")
             .join(case);
@@ -448,8 +419,8 @@ fn check_models(group: &Group) {
 }
 
 #[test]
-fn model_gradients_match_mlx_lm_at_1_to_3_ranks() {
-    for ranks in [1, 2, 3] {
+fn model_gradients_match_mlx_lm_at_1_to_4_ranks() {
+    for ranks in [1, 2, 3, 4] {
         Ranks::new(ranks)
             .run_test(check_models)
             .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
@@ -457,21 +428,111 @@ fn model_gradients_match_mlx_lm_at_1_to_3_ranks() {
 }
 
 #[test]
-fn more_ranks_than_kv_heads_is_an_error_when_training() {
+fn model_gradients_match_mlx_lm_on_mpi() {
     Ranks::new(3)
+        .backend(Backend::Mpi)
+        .run_test(check_models)
+        .unwrap_or_else(|e| panic!("3 MPI ranks: {e}"));
+}
+
+/// A one-layer Llama with 2 query heads over 1 KV head, written by each
+/// rank to its own directory (the same bytes): at 3 ranks the KV head is on
+/// every rank and rank 2 holds no query head.
+fn few_heads_model(group: &Group, s: &Stream) -> Llama {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "gqa-few-heads-{}-of-{}",
+        group.rank(),
+        group.size()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (v, d, h, hd) = (72, 16, 24, 8);
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": v, "hidden_size": d,
+        "intermediate_size": h, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": hd,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": true, "torch_dtype": "float32",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut rng = Rng::new(23);
+    let mut w = |shape: &[i32]| random(&mut rng, shape, 0.05);
+    let ones = Array::from_slice(&[1.0f32; 16], &[d]);
+    let tensors = vec![
+        ("model.embed_tokens.weight", w(&[v, d])),
+        ("model.norm.weight", ones.clone()),
+        ("model.layers.0.input_layernorm.weight", ones.clone()),
+        ("model.layers.0.post_attention_layernorm.weight", ones),
+        ("model.layers.0.self_attn.q_proj.weight", w(&[2 * hd, d])),
+        ("model.layers.0.self_attn.k_proj.weight", w(&[hd, d])),
+        ("model.layers.0.self_attn.v_proj.weight", w(&[hd, d])),
+        ("model.layers.0.self_attn.o_proj.weight", w(&[d, 2 * hd])),
+        ("model.layers.0.mlp.gate_proj.weight", w(&[h, d])),
+        ("model.layers.0.mlp.up_proj.weight", w(&[h, d])),
+        ("model.layers.0.mlp.down_proj.weight", w(&[d, h])),
+    ];
+    safemlx_dist::checkpoint::save(dir.join("model.safetensors"), &tensors, s).unwrap();
+    Llama::from_hf(group, &HfDirectory::open(&dir).unwrap(), s).unwrap()
+}
+
+/// With a rank that holds no query head (it computes zeros, yet its copy
+/// of the KV head gets the head's whole gradient), 2 and 3 ranks give the
+/// 1-rank loss and gradient norm; the KV weights' gradients are equal on
+/// every rank that holds the head.
+#[test]
+fn a_kv_head_shared_by_ranks_without_query_heads_trains() {
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gqa-few-heads.json");
+    Ranks::new(1)
         .run_test(|group| {
             let s = cpu();
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/qwen3-qknorm");
-            let model = Llama::from_hf(group, &HfDirectory::open(&dir).unwrap(), &s).unwrap();
-            let err = value_and_grad_of(&model, |m| {
-                let logits = m.forward(&[1, 2], &mut m.new_cache(), &s)?;
-                gather_logits(&logits, 0..2, &s)?.sum_all(&s)
-            })
-            .unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                "gradients of grouped-query attention over 3 ranks with 2 KV heads are not supported yet (a KV head held by several ranks); train on at most 2 ranks"
-            );
+            let model = few_heads_model(group, &s);
+            let (loss, norm, _) = model_loss_and_norm(&model, group, &s);
+            std::fs::write(&out, serde_json::to_string(&[loss, norm]).unwrap()).unwrap();
         })
         .unwrap();
+    for ranks in [2, 3] {
+        Ranks::new(ranks)
+            .run_test(|group| {
+                let s = cpu();
+                let want: Vec<f32> =
+                    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+                let model = few_heads_model(group, &s);
+                let split = model.head_split().unwrap();
+                if group.size() == 3 {
+                    assert_eq!(split.query.1, usize::from(group.rank() < 2));
+                }
+                let (loss, norm, grads) = model_loss_and_norm(&model, group, &s);
+                let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
+                assert!(
+                    relative(loss, want[0]) <= 1e-4,
+                    "loss {loss} vs 1 rank {}",
+                    want[0]
+                );
+                assert!(
+                    relative(norm, want[1]) <= 1e-4,
+                    "norm {norm} vs 1 rank {}",
+                    want[1]
+                );
+                // The k and v weights (after the embedding, the norm and q).
+                let params = grads.parameters();
+                for (i, name) in [(3, "k"), (4, "v")] {
+                    let mine = host(&params[i].local, &s);
+                    assert_eq!(params[i].copies, group.size(), "{name} copies");
+                    let all = safemlx_dist::all_gather(
+                        &params[i].local.reshape(&[1, -1], &s).unwrap(),
+                        group,
+                        &s,
+                    )
+                    .unwrap();
+                    let all = host(&all, &s);
+                    for other in all.chunks(mine.len()) {
+                        assert_eq!(
+                            other,
+                            mine.as_slice(),
+                            "{name}: ranks hold different gradients"
+                        );
+                    }
+                }
+            })
+            .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
+    }
 }

@@ -434,22 +434,24 @@ impl Llama {
     }
 }
 
-// Trainable parts: float weights. Quantized ones stay frozen (they list no
-// parameters); an MoE layer refuses to be traced (see `nn::Moe`).
+// Trainable parts: float weights, MoE layers included. Quantized ones stay
+// frozen (they list no parameters).
 
 impl Parameters for Mlp {
     fn parameters(&self) -> Vec<Parameter> {
         match self {
             Self::Float(m) => m.parameters(),
-            Self::Quantized(_) | Self::Moe(_) => Vec::new(),
+            Self::Moe(m) => m.parameters(),
+            Self::Quantized(_) => Vec::new(),
         }
     }
 
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
         match self {
             Self::Float(m) => Ok(Self::Float(m.with_parameters(locals)?)),
-            Self::Quantized(_) | Self::Moe(_) => Err(Error::Shape(
-                "a quantized or mixture-of-experts MLP has no trainable parameters".to_owned(),
+            Self::Moe(m) => Ok(Self::Moe(m.with_parameters(locals)?)),
+            Self::Quantized(_) => Err(Error::Shape(
+                "a quantized MLP has no trainable parameters".to_owned(),
             )),
         }
     }
@@ -515,10 +517,10 @@ impl Parameters for Llama {
     }
 
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        if self.is_quantized() || self.config.moe.is_some() {
+        if self.is_quantized() {
             return Err(Error::Model {
                 path: self.path.clone(),
-                message: "only a float, dense model is trainable (load it with `--dequantize`; MoE layers have no gradient yet)".to_owned(),
+                message: "only a float model is trainable (load it with `--dequantize`)".to_owned(),
             });
         }
         let counts = [

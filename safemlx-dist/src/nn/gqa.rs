@@ -127,6 +127,8 @@ pub struct GqaConfig {
 pub struct GqaAttention {
     config: GqaConfig,
     split: HeadSplit,
+    /// Ranks of the group the heads are split over.
+    group_size: usize,
     /// This rank's rows (heads) of q `[q * hd, D]`, k and v `[kv * hd, D]`.
     q: Projection,
     k: Projection,
@@ -210,6 +212,7 @@ impl GqaAttention {
         Ok(Self {
             config: config.clone(),
             split,
+            group_size: group.size(),
             q,
             k,
             v,
@@ -262,42 +265,124 @@ impl GqaAttention {
                 x.global_shape()
             )));
         };
-        if crate::grad::is_tracing() && x.comm().size() > self.config.kv_heads {
-            // A KV head held by several ranks would need its gradient
-            // summed over exactly those ranks.
-            return Err(Error::Shape(format!(
-                "gradients of grouped-query attention over {} ranks with {} KV heads are not supported yet (a KV head held by several ranks); train on at most {} ranks",
-                x.comm().size(),
-                self.config.kv_heads,
-                self.config.kv_heads
-            )));
-        }
-        let partial = if self.split.query.1 == 0 {
+        let comm = x.comm();
+        let partial = if crate::grad::is_tracing() && comm.size() > 1 {
+            self.forward_traced(x.local(), t, cache, comm, s)?
+        } else if self.split.query.1 == 0 {
             // More ranks than query heads: this rank holds none.
             cache.skip(t as usize);
             safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
         } else {
-            // This rank's heads only: the tokens' local gradient is its
-            // share (see `grad`).
-            let local = crate::grad::sum_gradients(x.local(), x.comm(), s)?;
-            self.attend(&local, t, cache, x.comm(), s)?
+            let inputs = HeadInputs {
+                x: x.local().clone(),
+                norms: self.norms.clone(),
+                k: None,
+                v: None,
+                kv_biases: self.biases.as_ref().map(|[_, k, v]| [k.clone(), v.clone()]),
+            };
+            self.attend(&inputs, t, cache, s)?
         };
-        ShardedArray::<Partial>::from_local(partial, x.comm(), &[t, d])?.all_sum(s)
+        ShardedArray::<Partial>::from_local(partial, comm, &[t, d])?.all_sum(s)
+    }
+
+    /// The forward while a gradient is traced. This rank's heads are a
+    /// share of the layer: the gradients of the replicated tokens and q/k
+    /// norm weights through them are summed over every rank, and with more
+    /// ranks than KV heads those of the KV head's float weights and biases
+    /// over the ranks sharing that head; one `all_sum` for all (see
+    /// `grad::sum_gradients_together`), also on a rank without query
+    /// heads, which computes zeros but takes part in the sum.
+    fn forward_traced(
+        &self,
+        x: &Array,
+        t: i32,
+        cache: &mut LayerCache,
+        comm: &Group,
+        s: &Stream,
+    ) -> Result<Array> {
+        let mut whole = vec![x];
+        whole.extend(self.norms.iter().flatten());
+        let sharing = comm.size() > self.config.kv_heads;
+        let mut shared: Vec<&Array> = Vec::new();
+        if sharing {
+            for projection in [&self.k, &self.v] {
+                if let Projection::Float(w) = projection {
+                    shared.push(w);
+                }
+            }
+            if let Some([_, k, v]) = &self.biases {
+                shared.extend([k, v]);
+            }
+        }
+        let (whole, shared) = crate::grad::sum_gradients_together(
+            &whole,
+            &shared,
+            (self.split.kv.0, self.config.kv_heads),
+            comm,
+            s,
+        )?;
+        if self.split.query.1 == 0 {
+            // No query head: zeros that depend on every summed input, so
+            // that this rank's backward pass runs the sum with its peers.
+            cache.skip(t as usize);
+            let d = x.shape()[1];
+            let mut anchor = Array::from_f32(0.0);
+            for a in whole.iter().chain(&shared) {
+                anchor = anchor.add(a.sum(None, s)?, s)?;
+            }
+            let zeros = safemlx::ops::zeros_dtype(&[t, d], x.dtype(), s)?;
+            return Ok(zeros.add(anchor.multiply(Array::from_f32(0.0), s)?, s)?);
+        }
+        let mut whole = whole.into_iter();
+        let x = whole.next().unwrap_or_else(|| x.clone());
+        let norms = match (whole.next(), whole.next()) {
+            (Some(q), Some(k)) => Some([q, k]),
+            _ => None,
+        };
+        let mut shared = shared.into_iter();
+        let mut float = |p: &Projection| match p {
+            Projection::Float(_) if sharing => shared.next(),
+            _ => None,
+        };
+        let (k, v) = (float(&self.k), float(&self.v));
+        let kv_biases = match &self.biases {
+            Some([_, k, v]) if sharing => match (shared.next(), shared.next()) {
+                (Some(k), Some(v)) => Some([k, v]),
+                _ => None,
+            },
+            Some([_, k, v]) => Some([k.clone(), v.clone()]),
+            None => None,
+        };
+        let inputs = HeadInputs {
+            x,
+            norms,
+            k,
+            v,
+            kv_biases,
+        };
+        self.attend(&inputs, t, cache, s)
     }
 
     /// This rank's heads: `[T, D]`, its share of the output projection.
     fn attend(
         &self,
-        x: &Array,
+        inputs: &HeadInputs,
         t: i32,
         cache: &mut LayerCache,
-        group: &Group,
         s: &Stream,
     ) -> Result<Array> {
+        let x = &inputs.x;
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
-        let project = |w: &Projection, bias: Option<&Array>, heads: i32| -> Result<Array> {
-            let mut y = w.apply(x, s)?;
+        let project = |w: &Projection,
+                       weight: Option<&Array>,
+                       bias: Option<&Array>,
+                       heads: i32|
+         -> Result<Array> {
+            let mut y = match weight {
+                Some(w) => x.matmul(w, s)?,
+                None => w.apply(x, s)?,
+            };
             if let Some(b) = bias {
                 y = y.add(b, s)?;
             }
@@ -305,16 +390,14 @@ impl GqaAttention {
             Ok(y.reshape(&[1, t, heads, hd], s)?
                 .transpose_axes(&[0, 2, 1, 3], s)?)
         };
-        let bias = |i: usize| self.biases.as_ref().map(|b| &b[i]);
-        let mut q = project(&self.q, bias(0), heads)?;
-        let mut k = project(&self.k, bias(1), kv_heads)?;
-        let v = project(&self.v, bias(2), kv_heads)?;
-        if let Some([q_norm, k_norm]) = &self.norms {
-            // Replicated weights applied to this rank's heads only.
-            let q_norm = crate::grad::sum_gradients(q_norm, group, s)?;
-            let k_norm = crate::grad::sum_gradients(k_norm, group, s)?;
-            q = safemlx::fast::rms_norm(&q, &q_norm, self.config.norm_eps, s)?;
-            k = safemlx::fast::rms_norm(&k, &k_norm, self.config.norm_eps, s)?;
+        let q_bias = self.biases.as_ref().map(|b| &b[0]);
+        let kv_bias = |i: usize| inputs.kv_biases.as_ref().map(|b| &b[i]);
+        let mut q = project(&self.q, None, q_bias, heads)?;
+        let mut k = project(&self.k, inputs.k.as_ref(), kv_bias(0), kv_heads)?;
+        let v = project(&self.v, inputs.v.as_ref(), kv_bias(1), kv_heads)?;
+        if let Some([q_norm, k_norm]) = &inputs.norms {
+            q = safemlx::fast::rms_norm(&q, q_norm, self.config.norm_eps, s)?;
+            k = safemlx::fast::rms_norm(&k, k_norm, self.config.norm_eps, s)?;
         }
         let offset = cache.len();
         let q = self.config.rope.apply(&q, offset, s)?;
@@ -330,25 +413,51 @@ impl GqaAttention {
             .reshape(&[t, heads * hd], s)?;
         self.o.apply(&out, s)
     }
+
+    /// Ranks holding this rank's KV head: 1 unless there are more ranks
+    /// than KV heads.
+    fn kv_copies(&self, n: usize) -> usize {
+        if n > self.config.kv_heads {
+            chunk(n, self.split.kv.0, self.config.kv_heads).1
+        } else {
+            1
+        }
+    }
+}
+
+/// The arrays one rank's heads read besides their own weights: the tokens,
+/// the q/k norm weights, and the KV head's float weights (`[D, hd]`, in
+/// place of the projections' own) and biases, each possibly routed through
+/// a gradient sum.
+struct HeadInputs {
+    x: Array,
+    norms: Option<[Array; 2]>,
+    k: Option<Array>,
+    v: Option<Array>,
+    kv_biases: Option<[Array; 2]>,
 }
 
 impl crate::grad::Parameters for GqaAttention {
     /// q, k, v and o (float ones only: quantized ones stay frozen), the
-    /// q/k/v biases, then the q/k norms (replicated).
+    /// q/k/v biases, then the q/k norms (replicated). With more ranks than
+    /// KV heads, k, v and their biases are copies held by the ranks that
+    /// share the head.
     fn parameters(&self) -> Vec<crate::grad::Parameter> {
-        let sharded = |a: &Array| crate::grad::Parameter {
+        let n = self.group_size;
+        let copies = self.kv_copies(n);
+        let held = |a: &Array, copies: usize| crate::grad::Parameter {
             local: a.clone(),
-            replicated: false,
+            copies,
         };
-        let mut all: Vec<_> = [&self.q, &self.k, &self.v, &self.o]
-            .iter()
-            .flat_map(|p| p.parameters())
-            .collect();
-        all.extend(self.biases.iter().flatten().map(sharded));
-        all.extend(self.norms.iter().flatten().map(|a| crate::grad::Parameter {
-            local: a.clone(),
-            replicated: true,
-        }));
+        let mut all: Vec<_> = self.q.parameters();
+        for kv in [&self.k, &self.v] {
+            all.extend(kv.parameters().into_iter().map(|p| held(&p.local, copies)));
+        }
+        all.extend(self.o.parameters());
+        if let Some([q, k, v]) = &self.biases {
+            all.extend([held(q, 1), held(k, copies), held(v, copies)]);
+        }
+        all.extend(self.norms.iter().flatten().map(|a| held(a, n)));
         all
     }
 
@@ -387,6 +496,7 @@ impl crate::grad::Parameters for GqaAttention {
         Ok(Self {
             config: self.config.clone(),
             split: self.split,
+            group_size: self.group_size,
             q: self.q.with_parameters(parts[0])?,
             k: self.k.with_parameters(parts[1])?,
             v: self.v.with_parameters(parts[2])?,

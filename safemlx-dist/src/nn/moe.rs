@@ -639,8 +639,8 @@ impl Moe {
         Ok(all)
     }
 
-    /// The routing of `x` `[t, D]` (see [`Routing`]).
-    fn route(&self, x: &Array, s: &Stream) -> Result<Routing> {
+    /// The routing of `x` `[t, D]` by `router` `[D, E]` (see [`Routing`]).
+    fn route(&self, x: &Array, router: &Array, s: &Stream) -> Result<Routing> {
         let (e, k) = (self.num_experts, self.config.top_k);
         let t = usize::try_from(x.shape()[0]).unwrap_or(0);
         let slots = t * k;
@@ -655,9 +655,7 @@ impl Moe {
                 summary: ops::zeros::<f32>(&[3 * e as i32 + 2], s)?,
             });
         }
-        let logits = x
-            .matmul(self.router.local(), s)?
-            .as_dtype(Dtype::Float32, s)?;
+        let logits = x.matmul(router, s)?.as_dtype(Dtype::Float32, s)?;
         let probs = ops::softmax_axis(&logits, -1, None, s)?;
         let chosen = if k == e {
             ops::broadcast_to(
@@ -666,7 +664,9 @@ impl Moe {
                 s,
             )?
         } else {
-            let top = ops::argpartition_axis(logits.negative(s)?, (k - 1) as i32, -1, s)?;
+            // The choice is discrete: no gradient flows through it.
+            let fixed = safemlx::stop_gradient(&logits, s)?;
+            let top = ops::argpartition_axis(fixed.negative(s)?, (k - 1) as i32, -1, s)?;
             slice_axis(&top, 1, 0, k, s)?
         };
         let chosen = chosen.as_dtype(Dtype::Int32, s)?;
@@ -882,7 +882,11 @@ impl Moe {
         tokens: &ShardedArray<Ragged>,
         s: &Stream,
     ) -> Result<MoeOutput<Ragged>> {
-        untraced("the MoE layer")?;
+        if crate::grad::is_tracing() {
+            return Err(Error::Shape(
+                "gradients through `Moe::forward_rows` (tokens routed with all_to_all_v) are not supported yet; train with `Moe::forward` on replicated tokens, whose gradients are exact".to_owned(),
+            ));
+        }
         let Experts::Parallel(weights) = self.experts.as_ref() else {
             return Err(Error::Shape(
                 "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`".to_owned(),
@@ -894,7 +898,7 @@ impl Moe {
         let t = usize::try_from(x.shape()[0]).unwrap_or(0);
         let e = self.num_experts;
         let k = self.config.top_k;
-        let routing = self.route(x, s)?;
+        let routing = self.route(x, self.router.local(), s)?;
 
         // Dispatch: the kept slots, by expert, so by destination rank. The
         // counts per expert go to every rank (one all_gather of E counts),
@@ -974,11 +978,13 @@ impl Moe {
         // way) and computes the slots of its own experts (expert parallel)
         // or its slices of every expert (expert tensor parallel); one
         // all_sum adds the ranks' partial outputs and the shared experts'.
-        untraced("the MoE layer")?;
-        let local = x.local();
+        // The routed part is this rank's share of the output: the gradients
+        // of the tokens and the router through it are summed over ranks.
+        let (routed_input, router) = routed_shares(x.local(), self.router.local(), &comm, s)?;
+        let local = &routed_input;
         let t = usize::try_from(local.shape()[0]).unwrap_or(0);
         let d = local.shape()[1];
-        let routing = self.route(local, s)?;
+        let routing = self.route(local, &router, s)?;
         let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
         let kept = &kept[0];
         let m: usize = kept.iter().sum();
@@ -1029,16 +1035,89 @@ impl Moe {
     }
 }
 
-/// An error while a gradient is traced: the routing reads counts on the
-/// host and the experts' slots differ by rank, and their gradients are not
-/// written yet; an error is better than a wrong gradient.
-fn untraced(what: &str) -> Result<()> {
-    if crate::grad::is_tracing() {
-        return Err(Error::Shape(format!(
-            "gradients through {what} are not supported yet (its routing has no gradient rule here); compute it outside `grad::value_and_grad`"
-        )));
+/// The router (replicated), this rank's experts or slices (`gate`, `up`,
+/// `down`), then the shared experts' MLP and gate when the layer has them.
+/// Their gradients come from [`Moe::forward`]; the load-balancing and
+/// z-losses are statistics (host numbers), not part of the traced loss.
+impl crate::grad::Parameters for Moe {
+    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        let mut all = vec![crate::grad::Parameter::of(&self.router)];
+        all.extend(match self.experts.as_ref() {
+            Experts::Parallel(w) => w.parameters(),
+            Experts::TensorParallel(w) => w.parameters(),
+        });
+        if let Some(shared) = &self.shared {
+            all.extend(shared.mlp.parameters());
+            all.extend(shared.gate.iter().map(crate::grad::Parameter::of));
+        }
+        all
     }
-    Ok(())
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        let shared = self.shared.as_deref();
+        let counts = [
+            1,
+            3,
+            shared.map_or(0, |sh| sh.mlp.parameters().len()),
+            shared.map_or(0, |sh| usize::from(sh.gate.is_some())),
+        ];
+        let parts = crate::grad::split_locals(locals, &counts)?;
+        let router = &parts[0][0];
+        if router.shape() != self.router.local().shape() {
+            return Err(Error::Shape(format!(
+                "the MoE router is {:?} but an array of shape {:?} was given",
+                self.router.local().shape(),
+                router.shape()
+            )));
+        }
+        let experts = match self.experts.as_ref() {
+            Experts::Parallel(w) => Experts::Parallel(w.with_parameters(parts[1])?),
+            Experts::TensorParallel(w) => Experts::TensorParallel(w.with_parameters(parts[1])?),
+        };
+        let shared = match shared {
+            None => None,
+            Some(sh) => {
+                let gate = match &sh.gate {
+                    Some(g) => Some(ShardedArray::<Replicated>::from_local(
+                        parts[3][0].clone(),
+                        g.comm(),
+                        g.global_shape(),
+                    )?),
+                    None => None,
+                };
+                Some(Box::new(SharedExperts {
+                    mlp: sh.mlp.with_parameters(parts[2])?,
+                    gate,
+                }))
+            }
+        };
+        Ok(Self {
+            router: ShardedArray::from_local(
+                router.clone(),
+                self.router.comm(),
+                self.router.global_shape(),
+            )?,
+            experts: Box::new(experts),
+            shared,
+            config: self.config,
+            num_experts: self.num_experts,
+        })
+    }
+}
+
+/// The tokens `x` `[T, D]` and the router `[D, E]` as the routed experts
+/// of one rank use them: unchanged, except that while a gradient is traced
+/// their gradients through this rank's slots (a share of the whole) are
+/// summed over the ranks, in one `all_sum` for both: a rank whose experts
+/// got no slots builds another graph than its peers, and two sums could
+/// reach the backward pass in another order there.
+fn routed_shares(x: &Array, router: &Array, comm: &Group, s: &Stream) -> Result<(Array, Array)> {
+    let (mut whole, _) = crate::grad::sum_gradients_together(&[x, router], &[], (0, 1), comm, s)?;
+    let router = whole.pop();
+    match (whole.pop(), router) {
+        (Some(x), Some(router)) => Ok((x, router)),
+        _ => Err(Error::Shape("two arrays expected".to_owned())),
+    }
 }
 
 /// `name` if its shape is `want`, else an error naming it and the file.

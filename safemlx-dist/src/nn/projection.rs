@@ -78,10 +78,7 @@ impl Projection {
     /// quantized one, which stays frozen.
     pub fn parameters(&self) -> Vec<crate::grad::Parameter> {
         match self {
-            Self::Float(w) => vec![crate::grad::Parameter {
-                local: w.clone(),
-                replicated: false,
-            }],
+            Self::Float(w) => vec![crate::grad::Parameter::own(w.clone())],
             Self::Quantized(_) => Vec::new(),
         }
     }

@@ -31,9 +31,19 @@ use crate::error::Result;
 /// #38 (group of 4, [1, 576] Float32)`) and exits with status 124, since a
 /// peer that never joins would otherwise hold every rank forever.
 ///
+/// While [`grad::value_and_grad`](crate::grad::value_and_grad) traces
+/// (an MoE reads its routing counts then), MLX allows only its own
+/// blocking evaluation, which this then uses: it waits with MLX's spin and
+/// without the timeout (the launcher's `--timeout` still bounds the run).
+///
 /// # Errors
 /// What the evaluation raised (e.g. a collective's transport error).
 pub fn eval(arrays: &[&Array]) -> Result<()> {
+    if crate::grad::is_tracing() {
+        // MLX refuses an asynchronous evaluation inside a transformation.
+        safemlx::transforms::eval(arrays.iter().copied())?;
+        return Ok(());
+    }
     let event = safemlx::transforms::async_eval_with_event(arrays.iter().copied())?;
     let started = Instant::now();
     let mut pause = Duration::from_micros(5);
