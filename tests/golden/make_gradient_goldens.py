@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Gradients of tiny Llama-family models from mlx-lm, for tests/tests/gradients.rs.
 
-For each case below (models written by make_llama_goldens.py), loads the
+For each case below (models written by make_llama_goldens.py, and the MoE
+models of make_moe_goldens.py), loads the
 model with mlx-lm, takes the loss sum(logits * c) over the prompt with
 c[t, v] = sin(0.1 * (t * V + v)), and writes gradients.safetensors in the
 case's directory: "loss" and "grad_norm" (the global norm of the gradient
@@ -25,13 +26,15 @@ from mlx_lm.utils import load_model
 from safetensors.numpy import save_file
 
 ROOT = Path(__file__).parent / "llama"
+MOE_ROOT = Path(__file__).parent / "moe"
 PROMPT = [1, 5, 17, 33, 2, 60, 66, 12, 40]
-CASES = ["llama-tied-kv3", "qwen2-bias", "qwen3-qknorm", "llama3-kv1-sharded"]
+CASES = [ROOT / c for c in ["llama-tied-kv3", "qwen2-bias", "qwen3-qknorm", "llama3-kv1-sharded"]]
+CASES += [MOE_ROOT / c for c in ["mixtral", "qwen3-moe", "qwen2-moe"]]
 
 
 def main():
     for case in CASES:
-        model, _ = load_model(ROOT / case)
+        model, _ = load_model(case)
         tokens = mx.array([PROMPT])
         vocab = model.args.vocab_size
         index = mx.arange(len(PROMPT) * vocab).reshape(len(PROMPT), vocab)
@@ -48,9 +51,9 @@ def main():
                 "loss": np.array([loss.item()], dtype=np.float32),
                 "grad_norm": np.array([norm.item()], dtype=np.float32),
             },
-            str(ROOT / case / "gradients.safetensors"),
+            str(case / "gradients.safetensors"),
         )
-        print(case, loss.item(), norm.item(), len(tree_flatten(grads)), "arrays")
+        print(case.name, loss.item(), norm.item(), len(tree_flatten(grads)), "arrays")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ use safemlx::{Array, Stream};
 use safemlx_dist::checkpoint::{Checkpoint, HfDirectory};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::models::Llama;
+use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{
-    gather_logits, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp, VocabParallelEmbedding,
+    gather_logits, ExpertPlacement, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp,
+    VocabParallelEmbedding,
 };
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{chunk, Replicated, Sharded};
@@ -391,31 +392,81 @@ fn check_models(group: &Group) {
             .join("golden/llama")
             .join(case);
         let model = Llama::from_hf(group, &HfDirectory::open(&dir).unwrap(), &s).unwrap();
-        let golden = Checkpoint::open(dir.join("gradients.safetensors")).unwrap();
-        let want = |name: &str| host(&golden.read(name, &s).unwrap(), &s)[0];
-        let (loss, norm, grads) = model_loss_and_norm(&model, group, &s);
         let what = format!("{case} at {} ranks", group.size());
-        let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
-        assert!(
-            relative(loss, want("loss")) <= 1e-4,
-            "{what}: loss {loss} vs mlx-lm {}",
-            want("loss")
-        );
-        assert!(
-            relative(norm, want("grad_norm")) <= 1e-4,
-            "{what}: gradient norm {norm} vs mlx-lm {}",
-            want("grad_norm")
-        );
-        assert_eq!(grads.parameters().len(), model.parameters().len(), "{what}");
-        // One AdamW step lowers the loss at every rank count.
-        let mut adam = AdamW::new(1e-3);
-        let stepped = adam.update(&model, &grads, &s).unwrap();
-        let (after, _, _) = model_loss_and_norm(&stepped, group, &s);
-        assert!(
-            after < loss,
-            "{what}: the loss went from {loss} to {after} after a step"
-        );
+        check_against_golden(&model, &dir, &what, group, &s);
     }
+}
+
+/// The MoE models (Mixtral's gating; Qwen3-MoE renormalised with a dense
+/// layer; Qwen2-MoE with a gated shared expert), experts split across
+/// ranks and sliced.
+const MOE_CASES: [&str; 3] = ["mixtral", "qwen3-moe", "qwen2-moe"];
+
+fn check_moe_models(group: &Group) {
+    let s = cpu();
+    for case in MOE_CASES {
+        for placement in [
+            ExpertPlacement::ExpertParallel,
+            ExpertPlacement::ExpertTensorParallel,
+        ] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("golden/moe")
+                .join(case);
+            let hf = HfDirectory::open(&dir).unwrap();
+            let mut config = LlamaConfig::from_hf(hf.config(), case).unwrap();
+            config.moe.as_mut().expect("an MoE model").placement = placement;
+            let model = Llama::load(group, &hf, config, &s).unwrap();
+            let what = format!("{case}, {}, at {} ranks", placement.as_str(), group.size());
+            check_against_golden(&model, &dir, &what, group, &s);
+        }
+    }
+}
+
+/// The loss and gradient norm of `model` equal mlx-lm's (the
+/// `gradients.safetensors` of `dir`), and one AdamW step lowers the loss.
+fn check_against_golden(
+    model: &Llama,
+    dir: &std::path::Path,
+    what: &str,
+    group: &Group,
+    s: &Stream,
+) {
+    let golden = Checkpoint::open(dir.join("gradients.safetensors")).unwrap();
+    let want = |name: &str| host(&golden.read(name, s).unwrap(), s)[0];
+    let (loss, norm, grads) = model_loss_and_norm(model, group, s);
+    let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
+    assert!(
+        relative(loss, want("loss")) <= 1e-4,
+        "{what}: loss {loss} vs mlx-lm {}",
+        want("loss")
+    );
+    assert!(
+        relative(norm, want("grad_norm")) <= 1e-4,
+        "{what}: gradient norm {norm} vs mlx-lm {}",
+        want("grad_norm")
+    );
+    assert_eq!(grads.parameters().len(), model.parameters().len(), "{what}");
+    // One AdamW step lowers the loss at every rank count.
+    let mut adam = AdamW::new(1e-3);
+    let stepped = adam.update(model, &grads, s).unwrap();
+    let (after, _, _) = model_loss_and_norm(&stepped, group, s);
+    assert!(
+        after < loss,
+        "{what}: the loss went from {loss} to {after} after a step"
+    );
+}
+
+#[test]
+fn moe_model_gradients_match_mlx_lm_at_1_to_4_ranks() {
+    for ranks in [1, 2, 3, 4] {
+        Ranks::new(ranks)
+            .run_test(check_moe_models)
+            .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
+    }
+    Ranks::new(2)
+        .backend(Backend::Mpi)
+        .run_test(check_moe_models)
+        .unwrap_or_else(|e| panic!("2 MPI ranks: {e}"));
 }
 
 #[test]
