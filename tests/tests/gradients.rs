@@ -587,3 +587,34 @@ fn a_kv_head_shared_by_ranks_without_query_heads_trains() {
             .unwrap_or_else(|e| panic!("{ranks} ring ranks: {e}"));
     }
 }
+
+/// A replicated value entering several rank-dependent ops (the MLP's gate
+/// and up projections) is summed once backwards: the gradient of a
+/// tensor-parallel MLP costs one `all_sum` forward and one backward.
+#[test]
+fn a_replicated_input_of_several_sharded_ops_is_summed_once() {
+    Ranks::new(2)
+        .run_test(|group| {
+            let s = cpu();
+            let mut rng = Rng::new(9);
+            let (t, d, h) = (3, 4, 6);
+            let mlp = SwiGluMlp::from_full(
+                group,
+                random(&mut rng, &[d, h], 0.3),
+                random(&mut rng, &[d, h], 0.3),
+                random(&mut rng, &[h, d], 0.3),
+                &s,
+            )
+            .unwrap();
+            let x = random(&mut rng, &[t, d], 0.5);
+            let profile = safemlx_dist::CollectiveProfile::start();
+            let (_, grads) = value_and_grad(&[x], |p| {
+                let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
+                mlp.forward(&x, &s)?.sum_all(&s)
+            })
+            .unwrap();
+            safemlx_dist::eval(&[&grads[0]]).unwrap();
+            assert_eq!(profile.stop().calls, 2, "all_sums forward and backward");
+        })
+        .unwrap();
+}

@@ -250,16 +250,17 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         s: &Stream,
     ) -> Result<(Array, Array)> {
         let mixed = P::REPLICATED != Q::REPLICATED;
-        let share = |x: &Array, replicated: bool| {
-            if mixed && replicated {
-                crate::grad::sum_gradients(x, self.comm(), s)
-            } else {
-                Ok(x.clone())
-            }
-        };
         Ok((
-            share(self.local(), P::REPLICATED)?,
-            share(other.local(), Q::REPLICATED)?,
+            if mixed && P::REPLICATED {
+                self.summed_local(s)?
+            } else {
+                self.local().clone()
+            },
+            if mixed && Q::REPLICATED {
+                other.summed_local(s)?
+            } else {
+                other.local().clone()
+            },
         ))
     }
 

@@ -404,7 +404,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         // A replicated x times a sharded weight: x's local gradient is this
         // rank's share (see `grad`).
         let x_local = if P::REPLICATED && !Q::REPLICATED {
-            crate::grad::sum_gradients(self.local(), self.comm(), s)?
+            self.summed_local(s)?
         } else {
             self.local().clone()
         };

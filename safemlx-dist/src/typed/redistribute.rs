@@ -60,7 +60,7 @@ impl<const A: usize> RedistributeTo<Sharded<A>> for Replicated {
         let dim = usize::try_from(x.global_shape()[A]).unwrap_or(0);
         let (offset, len) = chunk(dim, comm.rank(), comm.size());
         // Each rank keeps a different slice (see `grad`).
-        let whole = crate::grad::sum_gradients(x.local(), &comm, s)?;
+        let whole = x.summed_local(s)?;
         let local = slice_axis(&whole, A, offset, len, s)?;
         Ok(rewrap(x, local))
     }

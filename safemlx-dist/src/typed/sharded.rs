@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 
 use safemlx::Array;
 
@@ -27,6 +28,11 @@ pub struct ShardedArray<P: Placement, C: Collective = Group> {
     local: Array,
     comm: C,
     global: Vec<i32>,
+    /// While a gradient is traced: `local` through the identity whose
+    /// gradient is summed over the ranks, made once and shared by clones,
+    /// so a replicated value entering several rank-dependent ops (the gate
+    /// and up projections of an MLP) costs one `all_sum` backwards.
+    summed: Arc<Mutex<Option<Array>>>,
     _placement: PhantomData<P>,
 }
 
@@ -36,6 +42,7 @@ impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
             local: self.local.clone(),
             comm: self.comm.clone(),
             global: self.global.clone(),
+            summed: Arc::clone(&self.summed),
             _placement: PhantomData,
         }
     }
@@ -118,8 +125,29 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             local,
             comm,
             global,
+            summed: Arc::new(Mutex::new(None)),
             _placement: PhantomData,
         }
+    }
+
+    /// This rank's local array as rank-dependent computation should use
+    /// it: while a gradient is traced on several ranks, through
+    /// [`sum_gradients`](crate::grad::sum_gradients), made once per array
+    /// (and its clones) so that every use shares one sum.
+    pub(crate) fn summed_local(&self, s: &safemlx::Stream) -> Result<Array> {
+        if !crate::grad::is_tracing() || self.comm.size() == 1 {
+            return Ok(self.local.clone());
+        }
+        let mut summed = self
+            .summed
+            .lock()
+            .map_err(|_| Error::Shape("a gradient sum was poisoned by a panic".to_owned()))?;
+        if let Some(a) = summed.as_ref() {
+            return Ok(a.clone());
+        }
+        let a = crate::grad::sum_gradients(&self.local, &self.comm, s)?;
+        *summed = Some(a.clone());
+        Ok(a)
     }
 
     /// This rank's local array.
