@@ -3,19 +3,27 @@
 //!
 //! ```text
 //! safemlx-launch -n N -- target/release/examples/train [--out DIR] [--steps K (200)]
-//!     [--lr LR] [--seq T] [--resume]
+//!     [--lr LR] [--seq T] [--resume] [--data-parallel R]
+//!     [--width D (64)] [--hidden H (128)] [--layers L (2)] [--bench FILE]
 //! ```
 //!
 //! Rank 0 writes the model once (`DIR/model`: a Hugging Face directory of
-//! random weights, 8 query heads over 4 KV heads, so 1, 2 or 4 ranks), then
-//! every rank loads its part, and each step takes the cross-entropy of the
-//! next byte over a window of the corpus, its gradient
+//! random weights, 8 query heads over 4 KV heads, so 1, 2 or 4 ranks per
+//! replica), then every rank loads its part, and each step takes the
+//! cross-entropy of the next byte over a window of the corpus, its gradient
 //! (`grad::value_and_grad_of`), clips it to norm 1 and takes an AdamW step.
+//! With `--data-parallel R` (MPI: MLX's ring cannot split a group) the `N`
+//! ranks are `R` replicas of the model split over `N / R` ranks each; each
+//! replica takes its own window per step and the gradients are averaged
+//! over the replicas (`grad::average_gradients`).
 //! Rank 0 shows a progress bar and prints the loss and tokens/s; at the end
 //! each rank saves its parameters and AdamW state
 //! (`DIR/checkpoint-N/rank-R.safetensors`, resumed with `--resume`), rank 0
-//! writes the loss curve to `DIR/loss-N.json` and draws every curve in
-//! `DIR` (runs at other rank counts included) to `DIR/loss.png`.
+//! writes the loss curve to `DIR/loss-N.json` (`DIR/loss-N-dpR.json` with
+//! replicas) and draws every curve in `DIR` to `DIR/loss.png`. With
+//! `--bench FILE` it appends a JSON line instead: tokens/s over the steps
+//! after the first two, and the share of a step spent in collectives
+//! (measured on two more steps, each collective timed).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,19 +32,24 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use safemlx::{Array, Stream};
 use safemlx_dist::checkpoint::{save, Checkpoint, HfDirectory};
-use safemlx_dist::grad::{value_and_grad_of, Parameters};
+use safemlx_dist::grad::{average_gradients, value_and_grad_of, Parameters};
 use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
-use safemlx_dist::{Group, Replicated, ShardedArray};
+use safemlx_dist::{CollectiveProfile, Group, Replicated, ShardedArray};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, weights};
 
 const VOCAB: i32 = 256;
-const DIM: i32 = 64;
-const HIDDEN: i32 = 128;
 const HEADS: i32 = 8;
 const KV_HEADS: i32 = 4;
-const LAYERS: i32 = 2;
+
+/// The model's size: width, MLP hidden width, layers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Size {
+    dim: i32,
+    hidden: i32,
+    layers: i32,
+}
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("train", run())
@@ -69,15 +82,20 @@ fn corpus() -> Vec<u8> {
 
 /// Rank 0 writes the random model to `dir` unless it is there; every rank
 /// then waits for it (a barrier).
-fn write_model(dir: &Path, group: &Group, s: &Stream) -> Result<(), String> {
+fn write_model(dir: &Path, size: Size, group: &Group, s: &Stream) -> Result<(), String> {
+    let Size {
+        dim,
+        hidden,
+        layers,
+    } = size;
     if group.rank() == 0 && !dir.join("model.safetensors").exists() {
         std::fs::create_dir_all(dir).map_err(err)?;
         let config = serde_json::json!({
             "model_type": "llama",
             "vocab_size": VOCAB,
-            "hidden_size": DIM,
-            "intermediate_size": HIDDEN,
-            "num_hidden_layers": LAYERS,
+            "hidden_size": dim,
+            "intermediate_size": hidden,
+            "num_hidden_layers": layers,
             "num_attention_heads": HEADS,
             "num_key_value_heads": KV_HEADS,
             "rms_norm_eps": 1e-5,
@@ -87,57 +105,57 @@ fn write_model(dir: &Path, group: &Group, s: &Stream) -> Result<(), String> {
             "torch_dtype": "float32",
         });
         std::fs::write(dir.join("config.json"), config.to_string()).map_err(err)?;
-        let hd = DIM / HEADS;
+        let hd = dim / HEADS;
         let mut tensors: Vec<(String, Array)> = vec![
             (
                 "model.embed_tokens.weight".into(),
-                weights(&[VOCAB, DIM], 1, 0.1),
+                weights(&[VOCAB, dim], 1, 0.1),
             ),
             (
                 "model.norm.weight".into(),
-                Array::from_slice(&vec![1.0f32; DIM as usize], &[DIM]),
+                Array::from_slice(&vec![1.0f32; dim as usize], &[dim]),
             ),
         ];
-        for l in 0..LAYERS {
+        for l in 0..layers {
             let p = |name: &str| format!("model.layers.{l}.{name}");
             let seed = 100 * (l as u64 + 1);
-            let ones = || Array::from_slice(&vec![1.0f32; DIM as usize], &[DIM]);
+            let ones = || Array::from_slice(&vec![1.0f32; dim as usize], &[dim]);
             tensors.extend([
                 (p("input_layernorm.weight"), ones()),
                 (p("post_attention_layernorm.weight"), ones()),
                 (
                     p("self_attn.q_proj.weight"),
-                    weights(&[HEADS * hd, DIM], seed + 1, 0.15),
+                    weights(&[HEADS * hd, dim], seed + 1, 0.15),
                 ),
                 (
                     p("self_attn.k_proj.weight"),
-                    weights(&[KV_HEADS * hd, DIM], seed + 2, 0.15),
+                    weights(&[KV_HEADS * hd, dim], seed + 2, 0.15),
                 ),
                 (
                     p("self_attn.v_proj.weight"),
-                    weights(&[KV_HEADS * hd, DIM], seed + 3, 0.15),
+                    weights(&[KV_HEADS * hd, dim], seed + 3, 0.15),
                 ),
                 (
                     p("self_attn.o_proj.weight"),
-                    weights(&[DIM, HEADS * hd], seed + 4, 0.15),
+                    weights(&[dim, HEADS * hd], seed + 4, 0.15),
                 ),
                 (
                     p("mlp.gate_proj.weight"),
-                    weights(&[HIDDEN, DIM], seed + 5, 0.15),
+                    weights(&[hidden, dim], seed + 5, 0.15),
                 ),
                 (
                     p("mlp.up_proj.weight"),
-                    weights(&[HIDDEN, DIM], seed + 6, 0.15),
+                    weights(&[hidden, dim], seed + 6, 0.15),
                 ),
                 (
                     p("mlp.down_proj.weight"),
-                    weights(&[DIM, HIDDEN], seed + 7, 0.1),
+                    weights(&[dim, hidden], seed + 7, 0.1),
                 ),
             ]);
         }
         save(dir.join("model.safetensors"), &tensors, s).map_err(err)?;
         println!(
-            "rank 0: wrote a random {LAYERS}-layer model to {}",
+            "rank 0: wrote a random {layers}-layer model (width {dim}, MLP {hidden}) to {}",
             dir.display()
         );
     }
@@ -167,8 +185,14 @@ struct Saved {
     losses: Vec<f32>,
 }
 
-fn checkpoint_path(out: &Path, group: &Group) -> PathBuf {
-    out.join(format!("checkpoint-{}", group.size()))
+/// `DIR/checkpoint-N[-dpR]/rank-K.safetensors`.
+fn checkpoint_path(out: &Path, group: &Group, replicas: usize) -> PathBuf {
+    let run = if replicas > 1 {
+        format!("checkpoint-{}-dp{replicas}", group.size())
+    } else {
+        format!("checkpoint-{}", group.size())
+    };
+    out.join(run)
         .join(format!("rank-{}.safetensors", group.rank()))
 }
 
@@ -225,20 +249,28 @@ fn resume(
 /// Every `loss-N.json` in `out`, drawn to `out/loss.png`.
 fn plot(out: &Path) -> Result<PathBuf, String> {
     use plotters::prelude::*;
-    let mut curves: Vec<(usize, Vec<f32>)> = Vec::new();
+    // (ranks, replicas, losses) of each `loss-N.json` / `loss-N-dpR.json`.
+    let mut curves: Vec<(usize, usize, Vec<f32>)> = Vec::new();
     for entry in std::fs::read_dir(out).map_err(err)? {
         let path = entry.map_err(err)?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if let Some(n) = name
+        let Some(label) = name
             .strip_prefix("loss-")
             .and_then(|n| n.strip_suffix(".json"))
-        {
-            let ranks: usize = n.parse().map_err(err)?;
-            let text = std::fs::read_to_string(&path).map_err(err)?;
-            curves.push((ranks, serde_json::from_str(&text).map_err(err)?));
-        }
+        else {
+            continue;
+        };
+        let (ranks, replicas) = match label.split_once("-dp") {
+            Some((n, r)) => (n, r),
+            None => (label, "1"),
+        };
+        let (Ok(ranks), Ok(replicas)) = (ranks.parse(), replicas.parse()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).map_err(err)?;
+        curves.push((ranks, replicas, serde_json::from_str(&text).map_err(err)?));
     }
-    curves.sort_by_key(|c| c.0);
+    curves.sort_by_key(|c| (c.1, c.0));
     let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
     let labels = match std::fs::read(font) {
         Ok(bytes) => plotters::style::register_font(
@@ -249,10 +281,10 @@ fn plot(out: &Path) -> Result<PathBuf, String> {
         .is_ok(),
         Err(_) => false,
     };
-    let steps = curves.iter().map(|c| c.1.len()).max().unwrap_or(1).max(2);
+    let steps = curves.iter().map(|c| c.2.len()).max().unwrap_or(1).max(2);
     let top = curves
         .iter()
-        .flat_map(|c| c.1.iter().copied())
+        .flat_map(|c| c.2.iter().copied())
         .fold(0.0f32, f32::max)
         * 1.05;
     let png = out.join("loss.png");
@@ -278,7 +310,7 @@ fn plot(out: &Path) -> Result<PathBuf, String> {
             .map_err(err)?;
     }
     let colors = [BLUE, RED, GREEN, MAGENTA];
-    for (k, (ranks, losses)) in curves.iter().enumerate() {
+    for (k, (ranks, replicas, losses)) in curves.iter().enumerate() {
         let color = colors[k % colors.len()];
         let series = chart
             .draw_series(LineSeries::new(
@@ -287,8 +319,13 @@ fn plot(out: &Path) -> Result<PathBuf, String> {
             ))
             .map_err(err)?;
         if labels {
+            let label = if *replicas > 1 {
+                format!("{ranks} ranks, {replicas} data-parallel replicas")
+            } else {
+                format!("{ranks} rank(s)")
+            };
             series
-                .label(format!("{ranks} rank(s)"))
+                .label(label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
     }
@@ -312,10 +349,62 @@ fn plot(out: &Path) -> Result<PathBuf, String> {
     Ok(png)
 }
 
+/// The groups of a run: the tensor-parallel group the model is split
+/// over, and the data-parallel group of the ranks holding the same part
+/// (this rank alone without replicas).
+struct Groups {
+    world: Group,
+    tp: Group,
+    dp: Option<Group>,
+    replica: usize,
+    replicas: usize,
+}
+
+fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
+    let n = world.size();
+    if replicas == 0 || n % replicas != 0 {
+        return Err(format!(
+            "--data-parallel {replicas}: the {n} ranks must split into that many equal replicas"
+        ));
+    }
+    if replicas == 1 {
+        return Ok(Groups {
+            tp: world.clone(),
+            world,
+            dp: None,
+            replica: 0,
+            replicas,
+        });
+    }
+    let per = n / replicas;
+    let rank = world.rank();
+    let key = Some(rank as i32);
+    let split = |color: usize| {
+        world
+            .split(color as i32, key)
+            .map_err(|e| format!("--data-parallel needs a backend that splits groups (MPI): {e}"))
+    };
+    let tp = split(rank / per)?;
+    let dp = split(rank % per)?;
+    Ok(Groups {
+        world,
+        tp,
+        dp: Some(dp),
+        replica: rank / per,
+        replicas,
+    })
+}
+
+/// The median of `values` (0 when empty).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn run() -> Result<(), String> {
     let s = cpu_stream();
     let backend = backend_from_args()?;
-    let group = safemlx_dist::init(false, backend).map_err(err)?;
+    let world = safemlx_dist::init(false, backend).map_err(err)?;
     let number = |name: &str, default: &str| -> Result<f64, String> {
         let v = flag(name).unwrap_or_else(|| default.to_owned());
         v.parse::<f64>()
@@ -327,25 +416,60 @@ fn run() -> Result<(), String> {
     let steps = number("--steps", "200")? as usize;
     let lr = number("--lr", "0.003")? as f32;
     let seq = number("--seq", "64")? as usize;
-    let resuming = std::env::args().any(|a| a == "--resume");
-    if group.size() > KV_HEADS as usize {
+    let size = Size {
+        dim: number("--width", "64")? as i32,
+        hidden: number("--hidden", "128")? as i32,
+        layers: number("--layers", "2")? as i32,
+    };
+    if size.dim % HEADS != 0 {
         return Err(format!(
-            "the model has {KV_HEADS} KV heads: train on at most {KV_HEADS} ranks, not {}",
-            group.size()
+            "--width {} must be a multiple of the {HEADS} heads",
+            size.dim
+        ));
+    }
+    let replicas = number("--data-parallel", "1")? as usize;
+    let bench = flag("--bench");
+    let resuming = std::env::args().any(|a| a == "--resume");
+    let Groups {
+        world,
+        tp,
+        dp,
+        replica,
+        replicas,
+    } = groups(world, replicas)?;
+    if tp.size() > KV_HEADS as usize {
+        return Err(format!(
+            "the model has {KV_HEADS} KV heads: split it over at most {KV_HEADS} ranks, not {} (use --data-parallel for more ranks)",
+            tp.size()
         ));
     }
     let model_dir = out.join("model");
-    write_model(&model_dir, &group, &s)?;
+    write_model(&model_dir, size, &world, &s)?;
     let dir = HfDirectory::open(&model_dir).map_err(err)?;
-    let mut model = Llama::from_hf(&group, &dir, &s).map_err(err)?;
+    let mut model = Llama::from_hf(&tp, &dir, &s).map_err(err)?;
+    let c = model.config();
+    let held = (
+        c.hidden_size as i32,
+        c.intermediate_size as i32,
+        c.layers as i32,
+    );
+    if held != (size.dim, size.hidden, size.layers) {
+        return Err(format!(
+            "{} holds a model of width {}, MLP {} and {} layers; pass those sizes or another --out",
+            model_dir.display(),
+            held.0,
+            held.1,
+            held.2
+        ));
+    }
     let mut adam = AdamW::new(lr);
-    let path = checkpoint_path(&out, &group);
+    let path = checkpoint_path(&out, &world, replicas);
     let mut losses = Vec::new();
     if resuming {
         let (resumed, saved) = resume(&path, &model, &mut adam, &s)?;
         model = resumed;
         losses = saved.losses;
-        if group.rank() == 0 {
+        if world.rank() == 0 {
             println!(
                 "rank 0: resumed after step {} from {}",
                 saved.steps,
@@ -355,8 +479,8 @@ fn run() -> Result<(), String> {
     }
     let text = corpus();
     let windows = (text.len() - seq - 1) / seq;
-    let rank0 = group.rank() == 0;
-    let bar = if rank0 {
+    let rank0 = world.rank() == 0;
+    let bar = if rank0 && bench.is_none() {
         let bar = ProgressBar::new(steps as u64);
         bar.set_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").map_err(err)?,
@@ -365,29 +489,54 @@ fn run() -> Result<(), String> {
     } else {
         ProgressBar::hidden()
     };
+    // Benchmark: two warm-up steps, the timed ones, two profiled ones.
+    let profiled = if bench.is_some() { 2 } else { 0 };
+    let mut times = Vec::new();
+    let mut collective = Vec::new();
+    let tokens_per_step = seq * replicas;
     let started = Instant::now();
     let first = losses.len();
-    for step in first..first + steps {
-        let at = (step % windows) * seq;
+    for step in first..first + steps + profiled {
+        // Each replica its own window.
+        let at = ((step * replicas + replica) % windows) * seq;
         let tokens: Vec<u32> = text[at..at + seq].iter().map(|&b| u32::from(b)).collect();
         let targets: Vec<i32> = text[at + 1..at + seq + 1]
             .iter()
             .map(|&b| i32::from(b))
             .collect();
         let targets = Array::from_slice(&targets, &[seq as i32]);
+        let profile = (step >= first + steps).then(CollectiveProfile::start);
         let timer = Instant::now();
         let (loss, grads) = value_and_grad_of(&model, |m| {
             let logits = m.forward(&tokens, &mut m.new_cache(), &s)?;
-            cross_entropy(&gather_logits(&logits, 0..seq, &s)?, &targets, &group, &s)
+            cross_entropy(&gather_logits(&logits, 0..seq, &s)?, &targets, &tp, &s)
         })
         .map_err(err)?;
-        let (grads, norm) = clip_grad_norm(&grads, 1.0, &group, &s).map_err(err)?;
+        let (grads, loss) = match &dp {
+            Some(dp) => (
+                average_gradients(&grads, dp, 4 << 20, &s).map_err(err)?,
+                safemlx_dist::all_sum(&loss, dp, &s)
+                    .map_err(err)?
+                    .divide(Array::from_f32(replicas as f32), &s)
+                    .map_err(err)?,
+            ),
+            None => (grads, loss),
+        };
+        let (grads, norm) = clip_grad_norm(&grads, 1.0, &tp, &s).map_err(err)?;
         model = adam.update(&model, &grads, &s).map_err(err)?;
         let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
         safemlx_dist::eval(&locals.iter().chain([&loss]).collect::<Vec<_>>()).map_err(err)?;
+        let seconds = timer.elapsed().as_secs_f64();
+        if let Some(profile) = profile {
+            collective.push(profile.stop().seconds / seconds);
+            continue;
+        }
+        if step >= first + 2 {
+            times.push(seconds);
+        }
         let loss = safemlx_dist_examples::values(&loss, &s)?[0];
         losses.push(loss);
-        let rate = seq as f64 / timer.elapsed().as_secs_f64();
+        let rate = tokens_per_step as f64 / seconds;
         bar.set_message(format!(
             "loss {loss:.4}  grad norm {norm:.3}  {rate:.0} tokens/s"
         ));
@@ -404,12 +553,57 @@ fn run() -> Result<(), String> {
     }
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();
+    let layout = if replicas > 1 {
+        format!(
+            "ranks: {} ({replicas} replicas of {})",
+            world.size(),
+            tp.size()
+        )
+    } else {
+        format!("ranks: {}", world.size())
+    };
+    if let Some(file) = bench {
+        if rank0 {
+            let step = median(times);
+            let share = median(collective);
+            let line = serde_json::json!({
+                "bench": "train",
+                "impl": "safemlx-dist",
+                "backend": format!("{backend:?}").to_lowercase(),
+                "ranks": world.size(),
+                "tensor_parallel": tp.size(),
+                "data_parallel": replicas,
+                "threads": 1,
+                "width": size.dim,
+                "hidden": size.hidden,
+                "layers": size.layers,
+                "seq": seq,
+                "step_ms": step * 1e3,
+                "tokens_per_s": tokens_per_step as f64 / step,
+                "collective_share": share,
+                "first_losses": losses.iter().take(3).collect::<Vec<_>>(),
+            });
+            println!(
+                "{layout}: {:.1} ms per step of {tokens_per_step} tokens, {:.0} tokens/s, {:.1}% in collectives",
+                step * 1e3,
+                tokens_per_step as f64 / step,
+                share * 100.0
+            );
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&file)
+                .map_err(|e| format!("cannot open {file}: {e}"))?;
+            use std::io::Write;
+            writeln!(f, "{line}").map_err(|e| format!("cannot write {file}: {e}"))?;
+        }
+        return Ok(());
+    }
     save_checkpoint(&path, &model, &adam, &losses, &s)?;
     if rank0 {
         println!(
-            "ranks: {}, {steps} steps of {seq} tokens in {seconds:.1} s ({:.0} tokens/s); loss {:.4} -> {:.4}",
-            group.size(),
-            (steps * seq) as f64 / seconds,
+            "{layout}, {steps} steps of {tokens_per_step} tokens in {seconds:.1} s ({:.0} tokens/s); loss {:.4} -> {:.4}",
+            (steps * tokens_per_step) as f64 / seconds,
             losses.first().copied().unwrap_or(0.0),
             losses.last().copied().unwrap_or(0.0),
         );
@@ -417,11 +611,16 @@ fn run() -> Result<(), String> {
             "rank 0: saved each rank's checkpoint under {}",
             path.parent().unwrap_or(&out).display()
         );
-        let curve = out.join(format!("loss-{}.json", group.size()));
+        let name = if replicas > 1 {
+            format!("loss-{}-dp{replicas}.json", world.size())
+        } else {
+            format!("loss-{}.json", world.size())
+        };
+        let curve = out.join(name);
         std::fs::write(&curve, serde_json::to_string(&losses).map_err(err)?).map_err(err)?;
         let png = plot(&out)?;
         println!(
-            "rank 0: loss curve in {} (every loss-N.json in {})",
+            "rank 0: loss curve in {} (every loss-*.json in {})",
             png.display(),
             out.display()
         );

@@ -230,9 +230,25 @@ fn mismatched_gradients_and_bad_clipping_are_errors() {
 
 /// `examples/train` under `safemlx-launch -n ranks`, writing to `out`.
 fn train(ranks: usize, out: &std::path::Path, extra: &[&str]) -> String {
+    let (all, ok) = train_on(ranks, "ring", out, extra);
+    assert!(ok, "train at {ranks} ranks {extra:?}:\n{all}");
+    all
+}
+
+/// `examples/train` as `ranks` ranks of `backend`: its output and whether
+/// it succeeded.
+fn train_on(ranks: usize, backend: &str, out: &std::path::Path, extra: &[&str]) -> (String, bool) {
     let out_arg = out.to_str().expect("utf-8 path");
     let run = std::process::Command::new(safemlx_dist_tests::built("safemlx-launch"))
-        .args(["-n", &ranks.to_string(), "--timeout", "120", "--"])
+        .args([
+            "-n",
+            &ranks.to_string(),
+            "--backend",
+            backend,
+            "--timeout",
+            "120",
+            "--",
+        ])
         .arg(safemlx_dist_tests::built("examples/train"))
         .args(["--out", out_arg])
         .args(extra)
@@ -243,11 +259,7 @@ fn train(ranks: usize, out: &std::path::Path, extra: &[&str]) -> String {
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(
-        run.status.success(),
-        "train at {ranks} ranks {extra:?}:\n{all}"
-    );
-    all
+    (all, run.status.success())
 }
 
 fn curve(path: std::path::PathBuf) -> Vec<f32> {
@@ -349,4 +361,43 @@ fn data_and_tensor_parallel_training_follows_the_dense_curve_on_mpi() {
         .backend(Backend::Mpi)
         .run_test(check_data_parallel)
         .unwrap_or_else(|e| panic!("4 MPI ranks: {e}"));
+}
+
+/// Data parallelism in the example (MPI): 2 replicas of 1 rank and 2
+/// replicas of 2 ranks see the same windows, so they follow the same
+/// curve; on ring, where MLX cannot split a group, the error says so.
+#[test]
+fn the_train_example_runs_data_parallel_on_mpi() {
+    let base = std::env::temp_dir().join(format!("safemlx-train-dp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let steps = ["--steps", "10", "--data-parallel", "2"];
+    let (out, ok) = train_on(2, "mpi", &base, &steps);
+    assert!(ok, "2 MPI ranks, 2 replicas:\n{out}");
+    assert!(
+        out.contains("ranks: 2 (2 replicas of 1), 10 steps of 128 tokens"),
+        "{out}"
+    );
+    let (out, ok) = train_on(4, "mpi", &base, &steps);
+    assert!(ok, "4 MPI ranks, 2 replicas:\n{out}");
+    assert!(
+        out.contains("ranks: 4 (2 replicas of 2), 10 steps of 128 tokens"),
+        "{out}"
+    );
+    let (two, four) = (
+        curve(base.join("loss-2-dp2.json")),
+        curve(base.join("loss-4-dp2.json")),
+    );
+    assert_eq!((two.len(), four.len()), (10, 10));
+    for (step, (a, b)) in two.iter().zip(&four).enumerate() {
+        let err = (a - b).abs() / a.abs();
+        assert!(err <= 1e-3, "step {step}: 2 x 2 ranks {b} vs 2 x 1 {a}");
+    }
+    assert!(four[9] < four[0], "the loss did not fall: {four:?}");
+    let (out, ok) = train_on(2, "ring", &base.join("ring"), &steps);
+    assert!(!ok, "data parallel on ring ran:\n{out}");
+    assert!(
+        out.contains("--data-parallel needs a backend that splits groups (MPI): "),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
 }

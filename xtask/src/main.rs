@@ -9,6 +9,7 @@
 //! - `bench layers` measure the parallel layers against dense (JSON lines)
 //! - `bench generate` SmolLM2 generation at 1-3 ranks beside mlx-lm and llama.cpp
 //! - `bench moe` the MoE layer and a small MoE model, both placements
+//! - `bench train` tensor-parallel training at 1-4 ranks beside MLX Python
 //! - `faults [TRIALS]` kill the launcher at random times; check nothing survives it
 
 mod bench;
@@ -22,7 +23,7 @@ mod tasks;
 use std::process::ExitCode;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate|bench moe|faults [TRIALS]>";
+    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate|bench moe|bench train|faults [TRIALS]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,10 +1,11 @@
-//! `cargo xtask bench collectives|layers|generate|moe`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate|moe|train`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
 mod generate;
 mod layers;
 mod moe;
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,8 +20,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("layers") => layers::run(),
         Some("generate") => generate::run(),
         Some("moe") => moe::run(),
+        Some("train") => train::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives, layers, generate or moe"
+            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe or train"
         )),
     }
 }
