@@ -84,7 +84,9 @@ def main():
     seq, steps = int(seq), int(steps)
     mx.set_default_device(mx.cpu)
     expected = int(os.environ.get("MLX_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-    group = mx.distributed.init(strict=expected > 1, backend=backend)
+    # One rank needs no backend (under mpirun, MLX would initialise MPI and
+    # exit without finalising it, which mpirun reports as a failure).
+    group = mx.distributed.init(strict=expected > 1, backend=backend if expected > 1 else "ring")
     if group.size() != expected:
         sys.exit(f"train_peer.py: MLX formed a group of {group.size()} ranks, expected {expected}")
     model, config = load(model_dir, group)

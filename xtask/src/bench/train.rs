@@ -66,7 +66,7 @@ pub fn run() -> Result<(), String> {
                     .args([SEQ, PEER_STEPS, backend]);
                 // A peer that cannot run here is reported, not fatal.
                 if let Err(e) = cmd::run(peer) {
-                    println!("bench: MLX Python at {ranks} {backend} ranks did not run: {e}");
+                    println!("bench: MLX Python at {ranks} {backend} ranks failed: {e}");
                 }
             }
         }
