@@ -24,9 +24,16 @@
     peers.py moe-peer DIR OUT PROMPT DECODE THREADS
                                  mlx-lm on DIR, as `run` does
 
+    peers.py run GGUF DIR QDIR OUT PROMPT DECODE THREADS mlx-only
+                                 the mlx-lm rows only
+
 The prompt is the token ids ((i * 7919) % 20000 + 100) % V, as
 bench_generate's (V the vocabulary size).
 THREADS is "1" or "all"; the caller sets OPENBLAS_NUM_THREADS for MLX.
+
+The mlx[cpu] wheel ships the reference BLAS (netlib); the caller runs the
+mlx-lm rows as shipped and again with the system's OpenBLAS in LD_PRELOAD
+(the BLAS our MLX build links), and each mlx-lm row says which ("blas").
 """
 
 import json
@@ -174,13 +181,18 @@ def make_moe(out, tokenizer_dir):
         shutil.copy(Path(tokenizer_dir) / name, out / name)
 
 
+def blas():
+    """The BLAS MLX runs on in this process: "openblas" when preloaded."""
+    return "openblas" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled"
+
+
 def moe_peer(hf_dir, out, n_prompt, decode, threads):
     ids, decode = prompt(int(n_prompt), 320), int(decode)
     pre, dec = run_mlx_lm(hf_dir, ids, decode)
     row = {"impl": "mlx-lm", "backend": "none", "ranks": 1, "threads": threads,
            "model": hf_dir, "weights": "f32", "prompt_tokens": len(ids),
            "decode_tokens": decode, "prefill_tokens_per_s": len(ids) / median(pre),
-           "decode_tokens_per_s": median(dec)}
+           "decode_tokens_per_s": median(dec), "blas": blas()}
     with open(out, "a") as f:
         print(json.dumps(row))
         f.write(json.dumps(row) + "\n")
@@ -263,18 +275,25 @@ def main():
     if sys.argv[1] == "moe-peer":
         return moe_peer(*sys.argv[2:7])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]
+    mlx_only = sys.argv[9:10] == ["mlx-only"]
     ids, decode = prompt(int(n_prompt)), int(decode)
     rows = []
-    for impl, weights, fn in [
+    peers = [
         ("mlx-lm", "dequantized f32 (same values)", lambda: run_mlx_lm(hf_dir, ids, decode)),
         ("mlx-lm", "quantized", lambda: run_mlx_lm(quantized_dir, ids, decode)),
-        ("llama.cpp", "Q4_1/Q8_0 GGUF as stored", lambda: run_llama_cpp(gguf_path, ids, decode, threads)),
-    ]:
+    ]
+    if not mlx_only:
+        peers.append(("llama.cpp", "Q4_1/Q8_0 GGUF as stored",
+                      lambda: run_llama_cpp(gguf_path, ids, decode, threads)))
+    for impl, weights, fn in peers:
         pre, dec = fn()
-        rows.append({"impl": impl, "backend": "none", "ranks": 1, "threads": threads,
-                     "weights": weights, "prompt_tokens": len(ids), "decode_tokens": decode,
-                     "prefill_tokens_per_s": len(ids) / median(pre),
-                     "decode_tokens_per_s": median(dec)})
+        row = {"impl": impl, "backend": "none", "ranks": 1, "threads": threads,
+               "weights": weights, "prompt_tokens": len(ids), "decode_tokens": decode,
+               "prefill_tokens_per_s": len(ids) / median(pre),
+               "decode_tokens_per_s": median(dec)}
+        if impl == "mlx-lm":
+            row["blas"] = blas()
+        rows.append(row)
     with open(out, "a") as f:
         for row in rows:
             print(json.dumps(row))

@@ -77,23 +77,31 @@ fn peers(python: &Path, gguf: &Path, out: &Path) -> Result<(), String> {
             cmd::run(convert)?;
         }
     }
+    // As shipped (the wheel's reference BLAS) with llama.cpp, then the
+    // mlx-lm rows again on the system's OpenBLAS, the BLAS ours links.
+    let openblas = super::openblas();
     for threads in ["1", "all"] {
-        let mut run = Command::new(python);
-        run.arg(&script)
-            .arg("run")
-            .arg(gguf)
-            .arg(&hf)
-            .arg(&quantized)
-            .arg(out)
-            .args([PROMPT, DECODE, threads]);
-        if threads == "1" {
-            run.env("OPENBLAS_NUM_THREADS", "1")
-                .env("OMP_NUM_THREADS", "1");
-        } else {
-            run.env_remove("OPENBLAS_NUM_THREADS")
-                .env_remove("OMP_NUM_THREADS");
+        for preload in [None, openblas.as_ref()] {
+            let mut run = Command::new(python);
+            run.arg(&script)
+                .arg("run")
+                .arg(gguf)
+                .arg(&hf)
+                .arg(&quantized)
+                .arg(out)
+                .args([PROMPT, DECODE, threads]);
+            if let Some(lib) = preload {
+                run.arg("mlx-only").env("LD_PRELOAD", lib);
+            }
+            if threads == "1" {
+                run.env("OPENBLAS_NUM_THREADS", "1")
+                    .env("OMP_NUM_THREADS", "1");
+            } else {
+                run.env_remove("OPENBLAS_NUM_THREADS")
+                    .env_remove("OMP_NUM_THREADS");
+            }
+            cmd::run(run)?;
         }
-        cmd::run(run)?;
     }
     Ok(())
 }
@@ -195,14 +203,27 @@ fn report(rows: &[Value]) {
             row["all_sum_4k_us"]
                 .as_f64()
                 .map_or("-".to_owned(), |us| format!("{us:.0} us")),
-            row["weights"].as_str().unwrap_or_default(),
+            match row["blas"].as_str() {
+                Some(blas) => format!(
+                    "{} ({blas} BLAS)",
+                    row["weights"].as_str().unwrap_or_default()
+                ),
+                None => row["weights"].as_str().unwrap_or_default().to_owned(),
+            },
         );
     }
-    let mlx_lm = find(rows, "mlx-lm", "none", 1, "1");
-    println!(
-        "target: 1 rank decode vs mlx-lm (same weights, one thread): {:.2}x (goal >= 1x)",
-        speed(ours_1, "decode_tokens_per_s") / speed(mlx_lm, "decode_tokens_per_s")
-    );
+    for blas in ["openblas", "bundled"] {
+        let mlx_lm = rows.iter().find(|r| {
+            r["impl"] == "mlx-lm"
+                && r["blas"] == blas
+                && r["weights"] != "quantized"
+                && r["threads"] == "1"
+        });
+        println!(
+            "target: 1 rank decode vs mlx-lm ({blas} BLAS; same weights, one thread): {:.2}x (goal >= 1x)",
+            speed(ours_1, "decode_tokens_per_s") / speed(mlx_lm, "decode_tokens_per_s")
+        );
+    }
     for backend in ["ring", "mpi"] {
         let one = find(rows, "safemlx-dist", backend, 1, "1");
         let two = find(rows, "safemlx-dist", backend, 2, "1");
@@ -222,11 +243,18 @@ fn report(rows: &[Value]) {
         "target: quantized 1 rank decode vs dequantized: {:.2}x (goal >= 2x)",
         speed(q1, "decode_tokens_per_s") / speed(ours_1, "decode_tokens_per_s")
     );
-    let mlx_lm_q = find_weights(rows, "mlx-lm", "none", 1, "1", true);
-    println!(
-        "target: quantized 1 rank decode vs mlx-lm's quantized layers (same weights, one thread): {:.2}x (goal >= 1x)",
-        speed(q1, "decode_tokens_per_s") / speed(mlx_lm_q, "decode_tokens_per_s")
-    );
+    for blas in ["openblas", "bundled"] {
+        let mlx_lm_q = rows.iter().find(|r| {
+            r["impl"] == "mlx-lm"
+                && r["blas"] == blas
+                && r["weights"] == "quantized"
+                && r["threads"] == "1"
+        });
+        println!(
+            "target: quantized 1 rank decode vs mlx-lm's quantized layers ({blas} BLAS; same weights, one thread): {:.2}x (goal >= 1x)",
+            speed(q1, "decode_tokens_per_s") / speed(mlx_lm_q, "decode_tokens_per_s")
+        );
+    }
     let q_mpi = |n| find_weights(rows, "safemlx-dist", "mpi", n, "1", true);
     println!(
         "target: quantized mpi x2 decode: {:.2}x the 1-rank tokens/s (goal >= 1.3x)",

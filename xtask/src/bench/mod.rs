@@ -81,6 +81,20 @@ fn dense_layer(release: &Path, args: &[&str], out: &Path) -> Result<(), String> 
     Ok(())
 }
 
+/// The system's OpenBLAS (Debian's `libopenblas0`, which `libopenblas-dev`
+/// brings), for preloading under MLX Python: its `mlx[cpu]` wheel ships
+/// the reference BLAS, about 17x slower for a 1024³ sgemm here.
+fn openblas() -> Option<PathBuf> {
+    let arch = std::env::consts::ARCH;
+    [
+        format!("/usr/lib/{arch}-linux-gnu/libopenblas.so.0"),
+        "/usr/lib/libopenblas.so.0".to_owned(),
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
 /// Reads back what the runs wrote and prints the count.
 fn finish(out: &Path) -> Result<Vec<Value>, String> {
     let rows = read_rows(out)?;

@@ -91,15 +91,22 @@ pub fn run() -> Result<(), String> {
             }
         }
     }
-    let mut peer = Command::new(&python);
-    peer.arg(cmd::root().join("xtask/bench/peers.py"))
-        .arg("moe-peer")
-        .arg(&model)
-        .arg(&out)
-        .args([PROMPT, DECODE, "1"])
-        .env("OPENBLAS_NUM_THREADS", "1")
-        .env("OMP_NUM_THREADS", "1");
-    cmd::run(peer)?;
+    // mlx-lm as shipped (its wheel's reference BLAS) and on the system's
+    // OpenBLAS, the BLAS ours links.
+    for preload in [None, super::openblas()] {
+        let mut peer = Command::new(&python);
+        peer.arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg("moe-peer")
+            .arg(&model)
+            .arg(&out)
+            .args([PROMPT, DECODE, "1"])
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .env("OMP_NUM_THREADS", "1");
+        if let Some(lib) = preload {
+            peer.env("LD_PRELOAD", lib);
+        }
+        cmd::run(peer)?;
+    }
     report(&finish(&out)?);
     Ok(())
 }
@@ -180,7 +187,11 @@ fn report(rows: &[Value]) {
             row["impl"].as_str().unwrap_or_default(),
             row["backend"].as_str().unwrap_or_default(),
             row["ranks"].as_u64().unwrap_or_default(),
-            row["experts"].as_str().unwrap_or("-"),
+            row["experts"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| row["blas"].as_str().map(|b| format!("({b} BLAS)")))
+                .unwrap_or_else(|| "-".to_owned()),
             row["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN),
             row["decode_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
         );

@@ -10,7 +10,7 @@
 //! the system's OpenBLAS preloaded (ours links OpenBLAS). JSON lines in
 //! `target/bench/train.jsonl`, then the table and the targets' ratios.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -51,7 +51,7 @@ pub fn run() -> Result<(), String> {
     }
     let python = super::generate::peers_python()?;
     let script = cmd::root().join("xtask/bench/train_peer.py");
-    let openblas = openblas();
+    let openblas = super::openblas();
     for backend in ["ring", "mpi"] {
         for ranks in ["1", "2"] {
             for preload in [None, openblas.as_ref()] {
@@ -76,18 +76,6 @@ pub fn run() -> Result<(), String> {
     }
     report(&finish(&out)?, &out);
     Ok(())
-}
-
-/// The system's OpenBLAS (Debian's `libopenblas0`), if installed.
-fn openblas() -> Option<PathBuf> {
-    let arch = std::env::consts::ARCH;
-    [
-        format!("/usr/lib/{arch}-linux-gnu/libopenblas.so.0"),
-        "/usr/lib/libopenblas.so.0".to_owned(),
-    ]
-    .into_iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_file())
 }
 
 fn find<'a>(
