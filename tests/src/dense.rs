@@ -1,8 +1,32 @@
 //! Helpers for comparing parallel layers with dense computations.
 
 use safemlx::{Array, Stream};
+use safemlx_dist::typed::chunk;
+use safemlx_dist::Group;
 
 use crate::typed::Rng;
+
+/// Asserts that `got` has `want`'s shape and values (relative error at
+/// most 1e-4, see [`max_relative_error`]); `what` names them.
+pub fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let err = max_relative_error(&host(got, s), &host(want, s));
+    assert!(err <= 1e-4, "{what}: relative error {err}");
+}
+
+/// This rank's chunk of `full` along `axis` (the chunk rule).
+pub fn part(full: &Array, axis: i32, group: &Group, s: &Stream) -> Array {
+    let dim = full.shape()[axis as usize] as usize;
+    let (offset, len) = chunk(dim, group.rank(), group.size());
+    let rows: Vec<i32> = (offset as i32..(offset + len) as i32).collect();
+    full.take_axis(Array::from_slice(&rows, &[len as i32]), axis, s)
+        .unwrap()
+}
+
+/// `x * sigmoid(x)` on an MLX array.
+pub fn silu_array(x: &Array, s: &Stream) -> Array {
+    x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
+}
 
 /// A float32 array of `shape` with small values (`-9..=9` times `scale`).
 pub fn random(rng: &mut Rng, shape: &[i32], scale: f32) -> Array {

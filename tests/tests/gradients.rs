@@ -14,30 +14,11 @@ use safemlx_dist::nn::{
     VocabParallelEmbedding,
 };
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
-use safemlx_dist::typed::{chunk, Replicated, Sharded};
+use safemlx_dist::typed::{Replicated, Sharded};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{dense_attention, host, max_relative_error, random};
+use safemlx_dist_tests::dense::{assert_close, dense_attention, host, part, random, silu_array};
 use safemlx_dist_tests::typed::Rng;
-
-fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let err = max_relative_error(&host(got, s), &host(want, s));
-    assert!(err <= 1e-4, "{what}: relative error {err}");
-}
-
-/// This rank's chunk of `full` along `axis`.
-fn part(full: &Array, axis: i32, group: &Group, s: &Stream) -> Array {
-    let dim = full.shape()[axis as usize] as usize;
-    let (offset, len) = chunk(dim, group.rank(), group.size());
-    let rows: Vec<i32> = (offset as i32..(offset + len) as i32).collect();
-    full.take_axis(Array::from_slice(&rows, &[len as i32]), axis, s)
-        .unwrap()
-}
-
-fn silu(x: &Array, s: &Stream) -> Array {
-    x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
-}
 
 fn dense_rms_norm(x: &Array, w: &Array, s: &Stream) -> Array {
     safemlx::fast::rms_norm(x, w, 1e-5, s).unwrap()
@@ -61,7 +42,7 @@ fn check_mlp(group: &Group) {
 
     let dense_loss = |p: &[Array]| -> Vec<Array> {
         let xn = dense_rms_norm(&p[0], &p[1], &s);
-        let hidden = silu(&xn.matmul(&p[2], &s).unwrap(), &s)
+        let hidden = silu_array(&xn.matmul(&p[2], &s).unwrap(), &s)
             .multiply(xn.matmul(&p[3], &s).unwrap(), &s)
             .unwrap();
         let y = hidden.matmul(&p[4], &s).unwrap();

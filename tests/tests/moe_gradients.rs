@@ -15,10 +15,10 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{
     ExpertMatmul, ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp,
 };
-use safemlx_dist::typed::{chunk, Ragged, Replicated};
+use safemlx_dist::typed::{Ragged, Replicated};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error};
+use safemlx_dist_tests::dense::{assert_close, host, part, silu_array};
 use safemlx_dist_tests::typed::Rng;
 
 const T: i32 = 6;
@@ -53,12 +53,6 @@ impl Case {
     }
 }
 
-fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let err = max_relative_error(&host(got, s), &host(want, s));
-    assert!(err <= 1e-4, "{what}: relative error {err}");
-}
-
 /// Continuous values in `[-scale, scale)`: router scores never tie.
 fn continuous(rng: &mut Rng, shape: &[i32], scale: f32) -> Array {
     let len = shape.iter().product::<i32>() as usize;
@@ -68,21 +62,8 @@ fn continuous(rng: &mut Rng, shape: &[i32], scale: f32) -> Array {
     Array::from_slice(&values, shape)
 }
 
-/// This rank's chunk of `full` along `axis`.
-fn part(full: &Array, axis: i32, group: &Group, s: &Stream) -> Array {
-    let dim = full.shape()[axis as usize] as usize;
-    let (offset, len) = chunk(dim, group.rank(), group.size());
-    let rows: Vec<i32> = (offset as i32..(offset + len) as i32).collect();
-    full.take_axis(Array::from_slice(&rows, &[len as i32]), axis, s)
-        .unwrap()
-}
-
-fn silu(x: &Array, s: &Stream) -> Array {
-    x.multiply(ops::sigmoid(x, s).unwrap(), s).unwrap()
-}
-
 fn swiglu(x: &Array, gate: &Array, up: &Array, down: &Array, s: &Stream) -> Array {
-    silu(&x.matmul(gate, s).unwrap(), s)
+    silu_array(&x.matmul(gate, s).unwrap(), s)
         .multiply(x.matmul(up, s).unwrap(), s)
         .unwrap()
         .matmul(down, s)

@@ -2,22 +2,15 @@
 //! math on the same weights, at 1, 2, 3 and 4 ranks (float32, relative error
 //! at most 1e-4).
 
-use safemlx::{Array, Stream};
+use safemlx::Array;
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{dense_attention, host, max_relative_error};
+use safemlx_dist_tests::dense::{
+    assert_close, dense_attention, host, max_relative_error, silu_array,
+};
 use safemlx_dist_tests::typed::Rng;
-
-fn assert_close(got: &Array, want: &Array, what: &str, s: &Stream) {
-    let err = max_relative_error(&host(got, s), &host(want, s));
-    assert!(err <= 1e-4, "{what}: relative error {err}");
-}
-
-fn silu(x: &Array, s: &Stream) -> Array {
-    x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
-}
 
 fn check(group: &Group) {
     let s = cpu();
@@ -74,7 +67,7 @@ fn check(group: &Group) {
         safemlx_dist_tests::dense::random(&mut rng, &[d, h], 0.05),
         safemlx_dist_tests::dense::random(&mut rng, &[h, d], 0.05),
     );
-    let a = silu(&x.matmul(&gate, &s).unwrap(), &s);
+    let a = silu_array(&x.matmul(&gate, &s).unwrap(), &s);
     let dense = a
         .multiply(x.matmul(&up, &s).unwrap(), &s)
         .unwrap()
@@ -194,7 +187,7 @@ fn check_block(group: &Group) {
     let normed2 = dense_rms(&h, &host(&norm2, &s), eps);
     let normed2_a = Array::from_slice(&normed2, &[t, d]);
     // MLP half.
-    let a = silu(&normed2_a.matmul(&gate, &s).unwrap(), &s);
+    let a = silu_array(&normed2_a.matmul(&gate, &s).unwrap(), &s);
     let mlp_out = a
         .multiply(normed2_a.matmul(&up, &s).unwrap(), &s)
         .unwrap()

@@ -12,7 +12,7 @@ use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::Replicated;
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error, random};
+use safemlx_dist_tests::dense::{host, max_relative_error, random, silu_array};
 use safemlx_dist_tests::typed::Rng;
 
 const STEPS: usize = 20;
@@ -45,16 +45,12 @@ fn data(s: &Stream) -> Data {
     }
 }
 
-fn silu(x: &Array, s: &Stream) -> Array {
-    x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()
-}
-
 /// The reference: the same loss and AdamW on full arrays, one process.
 fn dense_curve(d: &Data, s: &Stream) -> (Vec<(f32, f32)>, Vec<Array>) {
     let (x, target) = (d.x.clone(), d.target.clone());
     let loss = move |p: &[Array]| -> Vec<Array> {
         let xn = safemlx::fast::rms_norm(&x, &p[0], 1e-5, s).unwrap();
-        let h = silu(&xn.matmul(&p[1], s).unwrap(), s)
+        let h = silu_array(&xn.matmul(&p[1], s).unwrap(), s)
             .multiply(xn.matmul(&p[2], s).unwrap(), s)
             .unwrap();
         let e = h.matmul(&p[3], s).unwrap().subtract(&target, s).unwrap();
