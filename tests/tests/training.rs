@@ -262,7 +262,8 @@ fn curve(path: std::path::PathBuf) -> Vec<f32> {
     serde_json::from_str(&std::fs::read_to_string(&path).expect("loss curve")).expect("json")
 }
 
-/// The example: 2 ranks follow the 1-rank loss curve, 10 steps then 10
+/// The example: 2 ranks, and 6 ranks sharing KV heads, follow the 1-rank
+/// loss curve, 10 steps then 10
 /// resumed from the sharded checkpoint equal 20 in one go, and the picture
 /// is a PNG.
 #[test]
@@ -283,6 +284,13 @@ fn the_train_example_follows_one_rank_and_resumes() {
         assert!(err <= 1e-3, "step {step}: 2 ranks {b} vs 1 rank {a}");
     }
     assert!(two[19] < 0.7 * two[0], "the loss did not fall: {two:?}");
+    // 6 ranks share the model's 4 KV heads (two heads on two ranks each).
+    train(6, &whole, &["--steps", "20"]);
+    let six = curve(whole.join("loss-6.json"));
+    for (step, (a, b)) in one.iter().zip(&six).enumerate() {
+        let err = (a - b).abs() / a.abs();
+        assert!(err <= 1e-3, "step {step}: 6 ranks {b} vs 1 rank {a}");
+    }
     train(2, &halves, &["--steps", "10"]);
     let out = train(2, &halves, &["--steps", "10", "--resume"]);
     assert!(out.contains("resumed after step 10"), "{out}");
