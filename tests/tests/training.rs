@@ -263,9 +263,8 @@ fn curve(path: std::path::PathBuf) -> Vec<f32> {
 }
 
 /// The example: 2 ranks, and 6 ranks sharing KV heads, follow the 1-rank
-/// loss curve, 10 steps then 10
-/// resumed from the sharded checkpoint equal 20 in one go, and the picture
-/// is a PNG.
+/// loss curve, 10 steps then 10 resumed from the sharded checkpoint equal
+/// 20 in one go, and the picture is a PNG.
 #[test]
 fn the_train_example_follows_one_rank_and_resumes() {
     let base = std::env::temp_dir().join(format!("safemlx-train-{}", std::process::id()));
