@@ -20,7 +20,7 @@ use safemlx_dist::generate::Sampler;
 use safemlx_dist::models::{load_with, LoadOptions, Weights};
 use safemlx_dist::nn::{gather_logits, ExpertPlacement};
 use safemlx_dist::{all_sum, init};
-use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, values};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, values};
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("bench_generate", run())
@@ -37,11 +37,6 @@ fn number(name: &str, default: usize) -> Result<usize, String> {
             .parse()
             .map_err(|_| format!("{name} takes a whole number, got {v:?}")),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn run() -> Result<(), String> {

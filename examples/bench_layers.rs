@@ -22,7 +22,7 @@ use safemlx_dist::nn::{
     ExpertMatmul, ExpertPlacement, Moe, MoeConfig, ShardedAttention, SwiGluMlp,
 };
 use safemlx_dist::{all_max, all_sum, init, CollectiveProfile, Group, Ragged, ShardedArray};
-use safemlx_dist_examples::{backend_from_args, cpu_stream, dense, flag, weights};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, dense, flag, median, weights};
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("bench_layers", run())
@@ -151,11 +151,6 @@ impl Inputs {
 
 /// One forward, evaluated.
 type Step<'a> = Box<dyn FnMut() -> Result<(), String> + 'a>;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The sharded layer's forward on this rank.
 fn sharded_step<'a>(

@@ -199,6 +199,12 @@ pub fn compare(got: &[f32], want: &[f32]) -> Result<(f32, f32), String> {
     Ok((max_abs, max_abs / scale.max(1e-12)))
 }
 
+/// The median of `values` (the upper one of an even count; NaN when empty).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Runs `step` once to warm up, then `iters` times; the mean seconds.
 pub fn time_steps(
     iters: usize,

@@ -38,7 +38,7 @@ use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::{CollectiveProfile, Group, Replicated, ShardedArray};
-use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, weights};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, weights};
 
 const VOCAB: i32 = 256;
 const HEADS: i32 = 8;
@@ -394,12 +394,6 @@ fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
         replica: rank / per,
         replicas,
     })
-}
-
-/// The median of `values` (0 when empty).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn run() -> Result<(), String> {
