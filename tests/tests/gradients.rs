@@ -10,8 +10,8 @@ use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{
-    gather_logits, ExpertPlacement, RmsNorm, RowParallelLinear, ShardedAttention, SwiGluMlp,
-    VocabParallelEmbedding,
+    gather_logits, ColumnParallelLinear, ExpertPlacement, RmsNorm, RowParallelLinear,
+    ShardedAttention, SwiGluMlp, VocabParallelEmbedding,
 };
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{Replicated, Sharded};
@@ -195,7 +195,78 @@ fn check_max(group: &Group) {
     assert_eq!(host(&grads[0], &s), [g0, 2.0 / n]);
 }
 
+/// Megatron's pair with biases: a column-parallel layer (its bias split
+/// with its columns), then silu, a row-parallel layer (its bias
+/// replicated, added after the `all_sum`); `x` is replicated.
+fn check_linear_pair(group: &Group) {
+    let s = cpu();
+    let mut rng = Rng::new(13);
+    // Hidden 7: uneven at 2 to 4 ranks.
+    let (t, d, h) = (3, 5, 7);
+    let full = [
+        random(&mut rng, &[t, d], 0.5),
+        random(&mut rng, &[d, h], 0.3),
+        random(&mut rng, &[h], 0.3),
+        random(&mut rng, &[h, d], 0.3),
+        random(&mut rng, &[d], 0.3),
+    ];
+    let dense_loss = |p: &[Array]| -> Vec<Array> {
+        let a = p[0].matmul(&p[1], &s).unwrap().add(&p[2], &s).unwrap();
+        let y = silu_array(&a, &s)
+            .matmul(&p[3], &s)
+            .unwrap()
+            .add(&p[4], &s)
+            .unwrap();
+        vec![y.square(&s).unwrap().sum(None, &s).unwrap()]
+    };
+    let (want_loss, want) =
+        safemlx::transforms::value_and_grad_with_argnums(dense_loss, &[0, 1, 2, 3, 4][..])(&full)
+            .unwrap();
+    let local = [
+        full[0].clone(),
+        part(&full[1], 1, group, &s),
+        part(&full[2], 0, group, &s),
+        part(&full[3], 0, group, &s),
+        full[4].clone(),
+    ];
+    let (loss, grads) = value_and_grad(&local, |p| {
+        let column = ColumnParallelLinear {
+            weight: ShardedArray::from_local(p[1].clone(), group, &[d, h])?,
+            bias: Some(ShardedArray::from_local(p[2].clone(), group, &[h])?),
+        };
+        let row = RowParallelLinear {
+            weight: ShardedArray::from_local(p[3].clone(), group, &[h, d])?,
+            bias: Some(ShardedArray::from_local(p[4].clone(), group, &[d])?),
+        };
+        let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
+        let y = row.forward(&column.forward(&x, &s)?.silu(&s)?, &s)?;
+        y.mul(&y, &s)?.sum_all(&s)
+    })
+    .expect("value_and_grad");
+    assert_close(&loss, &want_loss[0], "linear pair: loss", &s);
+    let expected = [
+        ("x (replicated)", want[0].clone()),
+        (
+            "column weight (this rank's columns)",
+            part(&want[1], 1, group, &s),
+        ),
+        (
+            "column bias (this rank's entries)",
+            part(&want[2], 0, group, &s),
+        ),
+        (
+            "row weight (this rank's rows)",
+            part(&want[3], 0, group, &s),
+        ),
+        ("row bias (replicated)", want[4].clone()),
+    ];
+    for (got, (name, want)) in grads.iter().zip(&expected) {
+        assert_close(got, want, &format!("linear pair: d loss / d {name}"), &s);
+    }
+}
+
 fn check(group: &Group) {
+    check_linear_pair(group);
     check_mlp(group);
     check_scattered(group);
     check_max(group);
