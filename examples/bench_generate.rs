@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use safemlx::Array;
 use safemlx_dist::generate::Sampler;
-use safemlx_dist::models::{load_with, LoadOptions, Weights};
+use safemlx_dist::models::{load_with, LoadOptions, Storage};
 use safemlx_dist::nn::{gather_logits, ExpertPlacement};
 use safemlx_dist::{all_sum, init};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, values};
@@ -52,9 +52,9 @@ fn run() -> Result<(), String> {
     // `--dequantize`: float32 weights (the rows measured so far); without
     // it the quantized blocks stay quantized.
     let weights = if std::env::args().any(|a| a == "--dequantize") {
-        Weights::Dequantized
+        Storage::Dequantized
     } else {
-        Weights::AsStored
+        Storage::AsStored
     };
     let experts = match flag("--experts").as_deref() {
         None | Some("parallel") => ExpertPlacement::ExpertParallel,

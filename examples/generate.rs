@@ -27,7 +27,7 @@ use std::time::Instant;
 use safemlx::Array;
 use safemlx_dist::checkpoint::{save, Checkpoint};
 use safemlx_dist::generate::{generate, Generated, Sampler};
-use safemlx_dist::models::{load_with, LoadOptions, Loaded, Weights};
+use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{all_sum, init, Backend, Group};
@@ -104,9 +104,9 @@ fn options() -> Result<Options, String> {
         seed: number("--seed", "0")? as u64,
         load: LoadOptions {
             weights: if has("--dequantize") {
-                Weights::Dequantized
+                Storage::Dequantized
             } else {
-                Weights::AsStored
+                Storage::AsStored
             },
             experts: match flag("--experts").as_deref() {
                 None | Some("parallel") => ExpertPlacement::ExpertParallel,

@@ -15,6 +15,7 @@
 
 use std::process::ExitCode;
 
+use safemlx_dist::checkpoint::Weights;
 use safemlx_dist::nn::{Moe, MoeConfig};
 use safemlx_dist::typed::chunk;
 use safemlx_dist::{init, Ragged, ShardedArray};
@@ -62,8 +63,12 @@ fn run() -> Result<(), String> {
         },
         &s,
     )?;
-    let moe =
-        Moe::from_checkpoint(&group, MoeConfig::new(TOP_K), &file, &prefix, &s).map_err(err)?;
+    let moe = Moe::load(
+        &Weights::new(&file, &group).pp(&prefix),
+        MoeConfig::new(TOP_K),
+        &s,
+    )
+    .map_err(err)?;
     let router = file
         .info(&format!("{prefix}router"))
         .map_err(err)?

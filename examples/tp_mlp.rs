@@ -14,6 +14,7 @@
 
 use std::process::ExitCode;
 
+use safemlx_dist::checkpoint::Weights;
 use safemlx_dist::nn::SwiGluMlp;
 use safemlx_dist::{init, ShardedArray};
 use safemlx_dist_examples::{
@@ -48,7 +49,7 @@ fn run() -> Result<(), String> {
         },
         &s,
     )?;
-    let mlp = SwiGluMlp::from_checkpoint(&group, &file, &prefix, &s).map_err(err)?;
+    let mlp = SwiGluMlp::load_fields(&Weights::new(&file, &group).pp(&prefix), &s).map_err(err)?;
     let layout = mlp.layout();
     let dim = layout[0].global_shape[0];
     let x = weights(&[TOKENS, dim], 4, 1.0);

@@ -10,13 +10,14 @@
 //! ```
 //!
 //! Without `--checkpoint`, rank 0 writes a random one with the tensors
-//! `TransformerBlock::from_checkpoint` reads under `layers.0.` (with
+//! `TransformerBlock::load` reads under `layers.0.` (with
 //! `--moe`, an expert-parallel MoE of 8 experts, top-2, instead of the
 //! MLP). `--sequence-parallel` runs the block on rows split across ranks.
 
 use std::process::ExitCode;
 
 use safemlx::{Array, Stream};
+use safemlx_dist::checkpoint::Weights;
 use safemlx_dist::nn::{rms_norm, TransformerBlock};
 use safemlx_dist::typed::chunk;
 use safemlx_dist::{init, ShardedArray};
@@ -109,8 +110,8 @@ fn run() -> Result<(), String> {
         "transformer_block"
     };
     let file = checkpoint(name, &group, || random_block(want_moe), &s)?;
-    let block = TransformerBlock::from_checkpoint(&group, HEADS as usize, TOP_K, &file, PREFIX, &s)
-        .map_err(err)?;
+    let source = Weights::new(&file, &group).pp(PREFIX);
+    let block = TransformerBlock::load(&source, HEADS as usize, TOP_K, &s).map_err(err)?;
     // The checkpoint decides: an MoE block when it has a router.
     let moe = file.contains(&format!("{PREFIX}moe.router"));
     let dim = file

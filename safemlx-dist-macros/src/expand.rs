@@ -109,20 +109,14 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 let dims: Vec<usize> = f.spec.dims.as_ref()?.iter().map(|d| d.0).collect();
                 let (ident, name) = (&f.ident, f.ident.to_string());
                 let static_check = generic_mesh_check(f, &dims);
-                let placement = &f.placement_ty;
-                let shape = match (from_checkpoint, f.quantized) {
-                    (true, false) => quote!(
-                        &checkpoint
-                            .info(&::std::format!("{}{}", prefix, #name))?
-                            .shape
-                    ),
-                    (false, false) => quote!(#ident.shape()),
-                    (true, true) => quote!(
-                        &::safemlx_dist::typed::QuantizedArray::<#placement, #comm>::checkpoint_shape(
-                            checkpoint, &::std::format!("{}{}", prefix, #name), stream,
-                        )?.map(|d| d as i32)
-                    ),
-                    (false, true) => quote!(&#ident.shape().map(|d| d as i32)),
+                if from_checkpoint {
+                    // `load_fields` checks the shapes as it reads them.
+                    return static_check;
+                }
+                let shape = if f.quantized {
+                    quote!(&#ident.shape().map(|d| d as i32))
+                } else {
+                    quote!(#ident.shape())
                 };
                 Some(quote! {
                     #static_check
@@ -139,12 +133,25 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         fields.iter().zip(&placements).zip(&names).zip(&segments)
     {
         let ident = &f.ident;
-        let path = quote!(::std::format!("{}{}", prefix, #name));
+        let dims = match &f.spec.dims {
+            Some(dims) => {
+                let dims = dims.iter().map(|d| d.0);
+                quote!(::std::option::Option::Some(&[#(#dims),*][..]))
+            }
+            None => quote!(::std::option::Option::None),
+        };
         if f.quantized {
             let q = quote!(::safemlx_dist::typed::QuantizedArray::<#placement, #comm>);
             full_types.push(quote!(::safemlx_dist::quantized::AffineWeight));
             from_full.push(quote!(#q::from_full(&#ident, comm, stream)?));
-            from_checkpoint.push(quote!(#q::read_checkpoint(checkpoint, &#path, comm, stream)?));
+            let dims = match &f.spec.dims {
+                Some(dims) if dims.len() == 2 => {
+                    let (rows, columns) = (dims[0].0, dims[1].0);
+                    quote!(::std::option::Option::Some([#rows, #columns]))
+                }
+                _ => quote!(::std::option::Option::None),
+            };
+            from_checkpoint.push(quote!(weights.quantized::<#placement>(#name, #dims, stream)?));
             let parts: Vec<_> = ["weight", "scales", "biases", "quantization"]
                 .iter()
                 .map(|part| quote::format_ident!("{}_{}", ident, part))
@@ -169,8 +176,8 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
                 #ident, comm, #segments, #name, stream,
             )?),
             );
-            from_checkpoint.push(quote!(checkpoint.read_shard::<#placement, #comm>(
-                &#path, comm, #segments, stream,
+            from_checkpoint.push(quote!(weights.get_fused::<#placement>(
+                #name, #dims, #segments, stream,
             )?));
             gathered.push(quote!((#name, ::safemlx_dist::__private::gather_weight(&self.#ident, #segments, stream)?)));
             layouts.push(
@@ -183,7 +190,7 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         names.join(", ")
     );
     let docs_checkpoint = format!(
-        "Builds `{name}` on this rank from a checkpoint whose tensors are named `prefix` + field ({}): each rank reads only its part of each. No communication.",
+        "Builds `{name}` on this rank from `weights`, each field read under its own name ({}), as `gather_full` gives them: each rank reads only its part of each. No communication.",
         names.join(", ")
     );
     // Trainable: every field a `ShardedArray` (quantized weights are not).
@@ -240,12 +247,11 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
             #[doc = #docs_checkpoint]
             ///
             /// # Errors
-            /// A missing tensor, one without the field's sharded axis, or
-            /// segments that do not divide evenly, naming the tensor.
-            pub fn from_checkpoint(
-                comm: &#comm,
-                checkpoint: &::safemlx_dist::checkpoint::Checkpoint,
-                prefix: &str,
+            /// A missing tensor, one of another shape than declared, one
+            /// without the field's sharded axis, or segments that do not
+            /// divide evenly, naming the tensor.
+            pub fn load_fields(
+                weights: &::safemlx_dist::checkpoint::Weights<'_, #comm>,
                 stream: &::safemlx::Stream,
             ) -> ::safemlx_dist::Result<Self> {
                 #(#checkpoint_checks)*

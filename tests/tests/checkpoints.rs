@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use safemlx::{Array, Dtype, Stream};
-use safemlx_dist::checkpoint::{save, Checkpoint};
+use safemlx_dist::checkpoint::{save, Checkpoint, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::TransformerBlock;
 use safemlx_dist::{all_sum, Group, ShardedArray};
@@ -254,7 +254,7 @@ fn damaged_files_break_the_formats_rules_and_are_refused() {
 }
 
 /// The weights of one transformer block (MLP or MoE) under the names
-/// `TransformerBlock::from_checkpoint` reads; dims divide by 1 to 4 ranks.
+/// `TransformerBlock::load` reads; dims divide by 1 to 4 ranks.
 fn block_weights(moe: bool) -> Vec<(String, Array)> {
     let mut rng = Rng::new(if moe { 5 } else { 3 });
     let (d, h, e) = (24, 48, 12);
@@ -297,8 +297,13 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
 
     let heads = 12;
     let checkpoint = Checkpoint::open(&path).expect("open");
-    let block = TransformerBlock::from_checkpoint(group, heads, 2, &checkpoint, "layers.0.", &s)
-        .expect("load");
+    let block = TransformerBlock::load(
+        &Weights::new(&checkpoint, group).pp("layers.0"),
+        heads,
+        2,
+        &s,
+    )
+    .expect("load");
     // Exactly this rank's part of each weight was read: the row/column
     // chunks of the sharded weights, the replicated ones whole.
     let full = |name: &str| weights.iter().find(|w| w.0 == name).unwrap().1.clone();
@@ -422,9 +427,10 @@ fn check_uneven(group: &Group) {
     }
     barrier(group, &s);
     let checkpoint = Checkpoint::open(&path).expect("open");
+    let checkpoint = Weights::new(&checkpoint, group);
     for (name, full) in &tensors {
         let rows = checkpoint
-            .read_shard::<Sharded<0>, _>(name, group, 1, &s)
+            .get_fused::<Sharded<0>>(name, None, 1, &s)
             .unwrap();
         let want = shard_weight::<Sharded<0>, _>(full.clone(), group, 1, name, &s).unwrap();
         assert_eq!(rows.local().shape(), want.local().shape(), "{name} rows");
@@ -435,7 +441,7 @@ fn check_uneven(group: &Group) {
         );
         let segments = if *name == "fused" { 3 } else { 1 };
         let cols = checkpoint
-            .read_shard::<Sharded<1>, _>(name, group, segments, &s)
+            .get_fused::<Sharded<1>>(name, None, segments, &s)
             .unwrap();
         let want = shard_weight::<Sharded<1>, _>(full.clone(), group, segments, name, &s).unwrap();
         assert_eq!(cols.local().shape(), want.local().shape(), "{name} columns");
@@ -445,12 +451,12 @@ fn check_uneven(group: &Group) {
             "{name} columns"
         );
         let all = checkpoint
-            .read_shard::<Replicated, _>(name, group, 1, &s)
+            .get_fused::<Replicated>(name, None, 1, &s)
             .unwrap();
         assert_eq!(host(all.local(), &s), host(full, &s), "{name} replicated");
     }
     let error = checkpoint
-        .read_shard::<Sharded<2>, _>("odd", group, 1, &s)
+        .get_fused::<Sharded<2>>("odd", None, 1, &s)
         .expect_err("no axis 2")
         .to_string();
     assert_eq!(
@@ -479,21 +485,22 @@ fn a_block_from_a_checkpoint_names_what_is_missing_or_wrong() {
     save(&path, &weights, &s).expect("save");
     let checkpoint = Checkpoint::open(&path).expect("open");
     let shown = |e: safemlx_dist::Error| e.to_string().replace(&path.display().to_string(), "FILE");
-    let error = TransformerBlock::from_checkpoint(&group, 12, 2, &checkpoint, "layers.0.", &s)
+    let source = Weights::new(&checkpoint, &group);
+    let error = TransformerBlock::load(&source.pp("layers.0"), 12, 2, &s)
         .err()
         .map(shown);
     assert_eq!(
         error.as_deref(),
         Some("checkpoint FILE: has no tensor `layers.0.mlp.up`; it has: layers.0.attention.out, layers.0.attention.qkv, layers.0.attention_norm, layers.0.feed_forward_norm, layers.0.mlp.down, layers.0.mlp.gate")
     );
-    let error = TransformerBlock::from_checkpoint(&group, 7, 2, &checkpoint, "layers.0.", &s)
+    let error = TransformerBlock::load(&source.pp("layers.0"), 7, 2, &s)
         .err()
         .map(shown);
     assert_eq!(
         error.as_deref(),
         Some("attention with 7 heads over a model dimension of 24: the head count must divide the dimension")
     );
-    let error = TransformerBlock::from_checkpoint(&group, 12, 2, &checkpoint, "layers.1.", &s)
+    let error = TransformerBlock::load(&source.pp("layers.1"), 12, 2, &s)
         .err()
         .map(shown);
     assert!(

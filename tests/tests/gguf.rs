@@ -147,6 +147,39 @@ fn a_model_whose_metadata_disagrees_with_its_tensors_names_the_tensor() {
     std::fs::remove_file(&path).ok();
     assert_eq!(
         error,
-        "model FILE: tensor `model.embed_tokens.weight` has shape [67, 48] but the configuration gives [67, 36] (vocab_size, hidden_size)"
+        "model FILE: tensor `token_embd.weight` (model.embed_tokens.weight) has shape [67, 48] but the configuration gives [67, 36]"
+    );
+}
+
+/// One shape check for every format: a Hugging Face directory, its
+/// safetensors file and the same model as a GGUF file name a tensor of
+/// another shape than the configuration's alike, the GGUF file by its own
+/// name with the Hugging Face name beside it.
+#[test]
+fn every_format_names_a_tensor_of_another_shape_alike() {
+    use safemlx_dist::checkpoint::{HfDirectory, TensorSource, Weights};
+    use safemlx_dist::Sharded;
+    let s = cpu();
+    // Ring: no MPI_Init, which the other test of this binary may be running.
+    let group = safemlx_dist::init(false, safemlx_dist::Backend::Ring).unwrap();
+    let hf_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/llama-tied-kv3");
+    let hf = HfDirectory::open(&hf_path).unwrap();
+    let single = Checkpoint::open(hf_path.join("model.safetensors")).unwrap();
+    let file = GgufFile::open(golden("llama-tied-kv3.gguf")).unwrap();
+    let (_, gguf) = safemlx_dist::models::Llama::gguf_weights(file, &s).unwrap();
+    let error = |source: &dyn TensorSource| {
+        Weights::new(source, &group)
+            .pp("model.layers.0.self_attn")
+            .get::<Sharded<0>>("k_proj.weight", &[16, 48], &s)
+            .expect_err("24 rows are not 16")
+            .to_string()
+            .replace(&source.path().display().to_string(), "PATH")
+    };
+    let hf_message = "model PATH: tensor `model.layers.0.self_attn.k_proj.weight` has shape [24, 48] but the configuration gives [16, 48]";
+    assert_eq!(error(&hf), hf_message);
+    assert_eq!(error(&single), hf_message);
+    assert_eq!(
+        error(&gguf),
+        "model PATH: tensor `blk.0.attn_k.weight` (model.layers.0.self_attn.k_proj.weight) has shape [24, 48] but the configuration gives [16, 48]"
     );
 }

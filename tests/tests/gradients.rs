@@ -5,7 +5,7 @@
 //! a `Replicated` one's is the whole dense gradient.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{Checkpoint, HfDirectory};
+use safemlx_dist::checkpoint::{Checkpoint, HfDirectory, Weights};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
@@ -467,7 +467,7 @@ fn check_moe_models(group: &Group) {
             let hf = HfDirectory::open(&dir).unwrap();
             let mut config = LlamaConfig::from_hf(hf.config(), case).unwrap();
             config.moe.as_mut().expect("an MoE model").placement = placement;
-            let model = Llama::load(group, &hf, config, &s).unwrap();
+            let model = Llama::load(&Weights::new(&hf, group), config, &s).unwrap();
             let what = format!("{case}, {}, at {} ranks", placement.as_str(), group.size());
             check_against_golden(&model, &dir, &what, group, &s);
         }

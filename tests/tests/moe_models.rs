@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use safemlx_dist::checkpoint::HfDirectory;
+use safemlx_dist::checkpoint::{HfDirectory, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::ExpertPlacement;
@@ -53,7 +53,7 @@ fn check_case(group: &Group, case: &str, about: &str, placement: ExpertPlacement
         .expect("config");
     let moe = config.moe.as_mut().expect("an MoE model");
     moe.placement = placement;
-    let model = Llama::load(group, &dir, config, &s).expect("loads");
+    let model = Llama::load(&Weights::new(&dir, group), config, &s).expect("loads");
     let total: u64 = dir
         .names()
         .map(|name| dir.info(name).expect("info").nbytes())
@@ -176,7 +176,8 @@ fn stacked_experts_of_transformers_5_give_the_same_logits() {
                         let mut config =
                             LlamaConfig::from_hf(source.config(), "stacked").expect("config");
                         config.moe.as_mut().unwrap().placement = placement;
-                        let model = Llama::load(group, &source, config, &s).expect("loads");
+                        let model =
+                            Llama::load(&Weights::new(&source, group), config, &s).expect("loads");
                         if n > 1 && placement == ExpertPlacement::ExpertParallel {
                             let total: u64 = source
                                 .names()

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::{Checkpoint, GgufFile, TensorSource};
+use safemlx_dist::checkpoint::{Checkpoint, GgufFile, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::nn::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
 use safemlx_dist::quantized::AffineWeight;
@@ -181,7 +181,8 @@ fn gguf_layers(group: &Group) {
         let full = file.read(name, &s).unwrap();
         let x = random(&mut Rng::new(9), &[3, 64], 0.1);
         let want = host(&x.matmul(full.transpose(&s).unwrap(), &s).unwrap(), &s);
-        let column = QuantizedColumnParallelLinear::from_gguf(group, &file, name, &s).unwrap();
+        let source = Weights::new(&file, group);
+        let column = QuantizedColumnParallelLinear::load(&source, name, &s).unwrap();
         let y = column
             .forward(&ShardedArray::replicated(x.clone(), group), &s)
             .unwrap()
@@ -192,13 +193,13 @@ fn gguf_layers(group: &Group) {
             "{name}"
         );
         // [4, 64] as a row-parallel weight: 2 groups, whole at 1 or 2 ranks.
-        let row = QuantizedRowParallelLinear::from_gguf(group, &file, name, &s);
+        let row = QuantizedRowParallelLinear::load(&source, name, &s);
         if group.size() > 2 {
             let error = row.expect_err("3 ranks cut a group of 32").to_string();
             assert_eq!(
                 error,
                 format!(
-                    "GGUF tensor `{name}`: a row-parallel quantized weight with 64 inputs in groups of 32 over {n} ranks: rank 0 would hold inputs 0..{end}, which cuts a group of 32; these inputs split only over rank counts that give every rank whole groups (2 groups)",
+                    "tensor `{name}`: a row-parallel quantized weight with 64 inputs in groups of 32 over {n} ranks: rank 0 would hold inputs 0..{end}, which cuts a group of 32; these inputs split only over rank counts that give every rank whole groups (2 groups)",
                     n = group.size(),
                     end = 64usize.div_ceil(group.size())
                 )
@@ -342,7 +343,8 @@ fn typed_quantized(group: &Group) {
     ));
     safemlx_dist::checkpoint::save(&path, &tensors, &s).expect("save");
     let checkpoint = Checkpoint::open(&path).unwrap();
-    let read = TypedQuantizedMlp::from_checkpoint(group, &checkpoint, "", &s).expect("read back");
+    let read =
+        TypedQuantizedMlp::load_fields(&Weights::new(&checkpoint, group), &s).expect("read back");
     let bytes = checkpoint.bytes_read() as usize;
     std::fs::remove_file(&path).ok();
     assert_same(read.up.local(), mlp.up.local(), "up read back", &s);
@@ -415,7 +417,9 @@ fn quantized_array_reads_its_part_of_an_mlx_community_directory() {
             let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/quantized/llama-tied-q4");
             let source = safemlx_dist::checkpoint::HfDirectory::open(&dir).unwrap();
             let name = "model.layers.0.mlp.down_proj.weight";
-            let down = QuantizedArray::<Sharded<1>>::read(&source, name, group, &s).unwrap();
+            let down = Weights::new(&source, group)
+                .quantized::<Sharded<1>>(name, None, &s)
+                .unwrap();
             let [rows, columns] = down.global_shape();
             let (first, count) = safemlx_dist::typed::chunk(columns / 32, group.rank(), 3);
             assert_eq!(down.local().shape(), [rows, count * 32]);

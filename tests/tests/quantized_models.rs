@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use safemlx_dist::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource};
+use safemlx_dist::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{Projection, QuantizedSwiGluMlp};
@@ -46,7 +46,7 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
 
     // The same file dequantized: the same logits, 32 / bits times the bytes.
     let config = LlamaConfig::from_hf(dir.config(), case).unwrap();
-    let float = Llama::load(group, &Dequantized(&dir), config, &s).expect("loads");
+    let float = Llama::load(&Weights::new(&Dequantized(&dir), group), config, &s).expect("loads");
     assert!(!float.is_quantized());
     check_logits(&float, &prompt, &want, &format!("{what}, dequantized"));
     let ratio = float.weight_bytes() as f64 / model.weight_bytes() as f64;
@@ -54,10 +54,8 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
 
     // The MLP's hidden groups by the chunk rule: 3 groups over 2 ranks are
     // 2 + 1, over 4 ranks 1 + 1 + 1 + 0.
-    let mlp = QuantizedSwiGluMlp::from_hf(
-        group,
-        &dir,
-        "model.layers.1.mlp.",
+    let mlp = QuantizedSwiGluMlp::load(
+        &Weights::new(&dir, group).pp("model.layers.1.mlp"),
         (128, 3 * group_size),
         &s,
     )
@@ -137,7 +135,9 @@ fn a_column_range_that_cuts_a_group_is_an_error_naming_the_tensor() {
     let s = cpu();
     let dir = HfDirectory::open(golden_path("llama-tied-q4")).expect("opens");
     let name = "model.layers.0.self_attn.o_proj.weight";
-    let error = Projection::columns(&dir, name, &[(0, 48)], &s).unwrap_err();
+    let group = safemlx_dist::init(false, Backend::Any).expect("singleton");
+    let weights = Weights::new(&dir, &group);
+    let error = Projection::columns(&weights, name, [128, 128], &[(0, 48)], &s).unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(

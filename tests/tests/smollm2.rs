@@ -155,7 +155,7 @@ fn smollm2_answers_the_same_greedy_tokens_at_one_and_two_ranks() {
 /// Q8_0 blocks kept quantized) at `group.size()` ranks, gathered, and those
 /// of the same file dequantized to float32.
 fn quantized_and_dequantized(group: &Group) {
-    use safemlx_dist::models::{load_with, LoadOptions, Weights};
+    use safemlx_dist::models::{load_with, LoadOptions, Storage};
     use safemlx_dist::nn::gather_logits;
     use safemlx_dist_tests::dense::{host, max_relative_error};
     let s = cpu();
@@ -184,8 +184,8 @@ fn quantized_and_dequantized(group: &Group) {
             host(full.local(), &s),
         )
     };
-    let (quantized, q_bytes, q) = logits(Weights::AsStored);
-    let (float, f_bytes, f) = logits(Weights::Dequantized);
+    let (quantized, q_bytes, q) = logits(Storage::AsStored);
+    let (float, f_bytes, f) = logits(Storage::Dequantized);
     let what = format!("rank {} of {}", group.rank(), group.size());
     assert!(quantized && !float, "{what}");
     // Q4_1 and Q8_0 as 4 and 8 bits with f32 scales and biases: about a fifth.

@@ -22,15 +22,15 @@
 use safemlx::{Array, Stream};
 
 use super::config::LlamaConfig;
-use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, TensorSource};
+use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::{split_locals, Parameter, Parameters};
 use crate::nn::{
     GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp,
     QuantizedVocabParallelEmbedding, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
 };
-use crate::typed::{Sharded, ShardedArray};
-use crate::Group;
+use crate::runtime::Group;
+use crate::typed::{Replicated, Sharded, ShardedArray};
 
 /// One decoder layer on this rank.
 #[derive(Debug)]
@@ -51,28 +51,22 @@ enum Mlp {
 }
 
 impl Mlp {
-    fn load(
-        group: &Group,
-        dir: &dyn TensorSource,
-        prefix: &str,
-        dims: (usize, usize),
-        s: &Stream,
-    ) -> Result<Self> {
+    fn load(w: &Weights, dims: (usize, usize), s: &Stream) -> Result<Self> {
         let quantized = ["gate_proj", "up_proj", "down_proj"]
             .iter()
-            .any(|p| dir.quantization(&format!("{prefix}{p}.weight")).is_some());
+            .any(|p| w.quantization(&format!("{p}.weight")).is_some());
         Ok(if quantized {
-            Self::Quantized(QuantizedSwiGluMlp::from_hf(group, dir, prefix, dims, s)?)
+            Self::Quantized(QuantizedSwiGluMlp::load(w, dims, s)?)
         } else {
-            Self::Float(SwiGluMlp::from_hf(group, dir, prefix, dims, s)?)
+            Self::Float(SwiGluMlp::load(w, dims, s)?)
         })
     }
 
     fn forward(
         &self,
-        x: &ShardedArray<crate::Replicated>,
+        x: &ShardedArray<Replicated>,
         s: &Stream,
-    ) -> Result<ShardedArray<crate::Replicated>> {
+    ) -> Result<ShardedArray<Replicated>> {
         match self {
             Self::Float(m) => m.forward(x, s),
             Self::Quantized(m) => m.forward(x, s),
@@ -100,28 +94,22 @@ enum Table {
 }
 
 impl Table {
-    fn load(group: &Group, dir: &dyn TensorSource, name: &str, s: &Stream) -> Result<Self> {
-        Ok(if dir.quantization(name).is_some() {
-            Self::Quantized(QuantizedVocabParallelEmbedding::from_hf(
-                group, dir, name, s,
-            )?)
+    fn load(w: &Weights, dims: (usize, usize), s: &Stream) -> Result<Self> {
+        Ok(if w.quantization("weight").is_some() {
+            Self::Quantized(QuantizedVocabParallelEmbedding::load(w, dims, s)?)
         } else {
-            Self::Float(VocabParallelEmbedding::from_hf(group, dir, name, s)?)
+            Self::Float(VocabParallelEmbedding::load(w, dims, s)?)
         })
     }
 
-    fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<crate::Replicated>> {
+    fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
         match self {
             Self::Float(e) => e.forward(tokens, s),
             Self::Quantized(e) => e.forward(tokens, s),
         }
     }
 
-    fn logits(
-        &self,
-        h: &ShardedArray<crate::Replicated>,
-        s: &Stream,
-    ) -> Result<ShardedArray<Sharded<1>>> {
+    fn logits(&self, h: &ShardedArray<Replicated>, s: &Stream) -> Result<ShardedArray<Sharded<1>>> {
         match self {
             Self::Float(e) => e.logits(h, s),
             Self::Quantized(e) => e.logits(h, s),
@@ -162,13 +150,13 @@ impl Llama {
     /// the directory, the key or the tensor.
     pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
         let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
-        Self::load(group, dir, config, s)
+        Self::load(&Weights::new(dir, group), config, s)
     }
 
     /// Loads this rank's part of a GGUF file: `Q8_0`, `Q4_0` and `Q4_1`
     /// tensors stay quantized, the others are read as `float32`; returns
     /// the model and the weights it read them through (for
-    /// [`TensorSource::bytes_read`]). [`load`](Self::load) with
+    /// [`TensorSource::bytes_read`](crate::checkpoint::TensorSource::bytes_read)). [`load`](Self::load) with
     /// [`Dequantized`](crate::checkpoint::Dequantized) reads every tensor
     /// as `float32`.
     ///
@@ -176,7 +164,10 @@ impl Llama {
     /// Those of [`LlamaConfig::from_gguf`] and [`load`](Self::load).
     pub fn from_gguf(group: &Group, file: GgufFile, s: &Stream) -> Result<(Self, GgufWeights)> {
         let (config, weights) = Self::gguf_weights(file, s)?;
-        Ok((Self::load(group, &weights, config, s)?, weights))
+        Ok((
+            Self::load(&Weights::new(&weights, group), config, s)?,
+            weights,
+        ))
     }
 
     /// The configuration of a GGUF file and its tensors under Hugging Face
@@ -196,31 +187,18 @@ impl Llama {
         Ok((config, GgufWeights::new(file, permuted)))
     }
 
-    /// Loads this rank's part of the tensors of `dir` (Hugging Face names)
+    /// Loads this rank's part of the tensors of `w` (Hugging Face names)
     /// for the model `config` describes.
     ///
     /// # Errors
     /// A missing tensor or one whose shape disagrees with the
     /// configuration; the message names it.
-    pub fn load(
-        group: &Group,
-        dir: &dyn TensorSource,
-        config: LlamaConfig,
-        s: &Stream,
-    ) -> Result<Self> {
-        let path = dir.path().display().to_string();
+    pub fn load(w: &Weights, config: LlamaConfig, s: &Stream) -> Result<Self> {
+        let path = w.source().path().display().to_string();
         let c = &config;
-        let embed_shape = dir.shape("model.embed_tokens.weight")?;
-        if embed_shape != [c.vocab_size as i32, c.hidden_size as i32] {
-            return Err(Error::Model {
-                path,
-                message: format!(
-                    "tensor `model.embed_tokens.weight` has shape {embed_shape:?} but the configuration gives [{}, {}] (vocab_size, hidden_size)",
-                    c.vocab_size, c.hidden_size
-                ),
-            });
-        }
+        let d = c.hidden_size;
         let attention = GqaConfig {
+            dim: d,
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
@@ -229,66 +207,22 @@ impl Llama {
             norm_eps: c.rms_norm_eps,
             rope: rope(c),
         };
-        let norm =
-            |name: &str| RmsNorm::from_hf(group, dir, name, c.hidden_size, c.rms_norm_eps, s);
+        let norm = |w: &Weights| RmsNorm::load(w, d, c.rms_norm_eps, s);
+        // The embedding first: its shape says whether this is the model
+        // the configuration describes.
+        let embed = Table::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s)?;
         let layers = (0..c.layers)
             .map(|i| {
-                let p = format!("model.layers.{i}.");
+                let w = w.pp(&format!("model.layers.{i}"));
+                let mlp = match &c.moe {
+                    Some(m) if m.is_moe_layer(i) => Mlp::Moe(moe(&w, c, m, &path, s)?),
+                    _ => Mlp::load(&w.pp("mlp"), (d, c.intermediate_size), s)?,
+                };
                 Ok(DecoderLayer {
-                    input_norm: norm(&format!("{p}input_layernorm.weight"))?,
-                    attention: GqaAttention::from_hf(
-                        group,
-                        dir,
-                        &format!("{p}self_attn."),
-                        &attention,
-                        s,
-                    )?,
-                    post_attention_norm: norm(&format!("{p}post_attention_layernorm.weight"))?,
-                    mlp: match &c.moe {
-                        Some(m) if m.is_moe_layer(i) => {
-                            // Transformers 5 writes Mixtral's block as `mlp.`.
-                            let block = if dir.contains(&format!("{p}{}gate.weight", m.block)) {
-                                m.block
-                            } else {
-                                "mlp."
-                            };
-                            let prefix = format!("{p}{block}");
-                            let probe = [
-                                format!("{prefix}experts.0.{}.weight", m.names.gate),
-                                format!("{prefix}experts.gate_up_proj"),
-                            ]
-                            .into_iter()
-                            .find(|name| dir.quantization(name).is_some());
-                            if let Some(probe) = probe {
-                                return Err(Error::Model {
-                                    path: path.clone(),
-                                    message: format!(
-                                        "tensor `{probe}` is quantized; quantized experts are not supported yet: load the float model"
-                                    ),
-                                });
-                            }
-                            let config = MoeConfig::new(m.top_k)
-                                .with_gating(m.gating)
-                                .with_placement(m.placement);
-                            Mlp::Moe(Moe::from_hf(
-                                group,
-                                dir,
-                                &prefix,
-                                &m.names,
-                                (c.hidden_size, m.hidden, m.experts),
-                                m.shared_hidden,
-                                config,
-                                s,
-                            )?)
-                        }
-                        _ => Mlp::load(
-                            group,
-                            dir,
-                            &format!("{p}mlp."),
-                            (c.hidden_size, c.intermediate_size),
-                            s,
-                        )?,
-                    },
+                    input_norm: norm(&w.pp("input_layernorm"))?,
+                    attention: GqaAttention::load(&w.pp("self_attn"), &attention, s)?,
+                    post_attention_norm: norm(&w.pp("post_attention_layernorm"))?,
+                    mlp,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -296,11 +230,10 @@ impl Llama {
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(Table::load(group, dir, "lm_head.weight", s)?)
+            Some(Table::load(&w.pp("lm_head"), (c.vocab_size, d), s)?)
         };
-        let embed = Table::load(group, dir, "model.embed_tokens.weight", s)?;
         Ok(Self {
-            norm: norm("model.norm.weight")?,
+            norm: norm(&w.pp("model.norm"))?,
             config,
             path,
             embed,
@@ -387,7 +320,7 @@ impl Llama {
         tokens: &[u32],
         cache: &mut KvCache,
         s: &Stream,
-    ) -> Result<ShardedArray<crate::Replicated>> {
+    ) -> Result<ShardedArray<Replicated>> {
         if tokens.is_empty() {
             return Err(Error::Shape("the model got no tokens".to_owned()));
         }
@@ -543,6 +476,43 @@ impl Parameters for Llama {
                 .transpose()?,
         })
     }
+}
+
+/// The MoE block of a layer (`w` at `model.layers.{i}`): Mixtral's
+/// `block_sparse_moe`, or `mlp` (Qwen's, and Mixtral's in Transformers 5).
+fn moe(
+    w: &Weights,
+    c: &LlamaConfig,
+    m: &super::MoeSettings,
+    path: &str,
+    s: &Stream,
+) -> Result<Moe> {
+    let block = if w.contains(&format!("{}gate.weight", m.block)) {
+        m.block
+    } else {
+        "mlp."
+    };
+    let w = w.pp(block);
+    let probe = [
+        format!("experts.0.{}.weight", m.names.gate),
+        "experts.gate_up_proj".to_owned(),
+    ]
+    .into_iter()
+    .find(|name| w.quantization(name).is_some());
+    if let Some(probe) = probe {
+        return Err(Error::Model {
+            path: path.to_owned(),
+            message: format!(
+                "tensor `{}` is quantized; quantized experts are not supported yet: load the float model",
+                w.name(&probe)
+            ),
+        });
+    }
+    let config = MoeConfig::new(m.top_k)
+        .with_gating(m.gating)
+        .with_placement(m.placement);
+    let dims = (c.hidden_size, m.hidden, m.experts);
+    Moe::load_hf(&w, &m.names, dims, m.shared_hidden, config, s)
 }
 
 /// The rotation the configuration asks for.

@@ -22,11 +22,11 @@ use safemlx::Stream;
 pub use config::{Family, LlamaConfig, MoeSettings, RopeScaling};
 pub use llama::Llama;
 
-use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource};
+use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use crate::error::Result;
 use crate::nn::ExpertPlacement;
+use crate::runtime::Group;
 use crate::tokenizer::Tokenizer;
-use crate::Group;
 
 /// A model loaded on this rank, with what it was read from.
 #[derive(Debug)]
@@ -41,7 +41,7 @@ pub struct Loaded {
 
 /// How quantized tensors are loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Weights {
+pub enum Storage {
     /// As the checkpoint stores them: quantized ones (GGUF `Q8_0`, `Q4_0`,
     /// `Q4_1`; mlx-community directories) stay quantized.
     #[default]
@@ -54,7 +54,7 @@ pub enum Weights {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LoadOptions {
     /// Quantized tensors kept or dequantized.
-    pub weights: Weights,
+    pub weights: Storage,
     /// Where an MoE model's experts go (expert parallel by default).
     pub experts: ExpertPlacement,
 }
@@ -76,7 +76,10 @@ pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
 /// Those of the format's reader, the configuration and the tokenizer; the
 /// message names the file and what is wrong.
 pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -> Result<Loaded> {
-    let weights = options.weights;
+    let load = |source: &dyn TensorSource, config| match options.weights {
+        Storage::AsStored => Llama::load(&Weights::new(source, group), config, s),
+        Storage::Dequantized => Llama::load(&Weights::new(&Dequantized(source), group), config, s),
+    };
     let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
         let dir = HfDirectory::open(path)?;
         let tokenizer = Tokenizer::from_hf_dir(path)?;
@@ -84,19 +87,13 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         if let Some(moe) = &mut config.moe {
             moe.placement = options.experts;
         }
-        let model = match weights {
-            Weights::AsStored => Llama::load(group, &dir, config, s)?,
-            Weights::Dequantized => Llama::load(group, &Dequantized(&dir), config, s)?,
-        };
+        let model = load(&dir, config)?;
         (model, Box::new(dir), tokenizer)
     } else {
         let file = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (config, source) = Llama::gguf_weights(file, s)?;
-        let model = match weights {
-            Weights::AsStored => Llama::load(group, &source, config, s)?,
-            Weights::Dequantized => Llama::load(group, &Dequantized(&source), config, s)?,
-        };
+        let model = load(&source, config)?;
         (model, Box::new(source), tokenizer)
     };
     Ok(Loaded {

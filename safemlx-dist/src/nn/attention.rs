@@ -2,10 +2,11 @@
 
 use safemlx::{Array, Stream};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::runtime::Group;
+use crate::sharded;
 use crate::typed::{Replicated, Sharded, ShardedArray};
-use crate::{sharded, Group};
 
 /// The attention weights: a fused QKV projection `[D, 3D]` whose Q, K and V
 /// blocks are each split by columns (so rank `r` holds its heads' Q, K and
@@ -62,22 +63,25 @@ impl ShardedAttention {
         Ok(Self { weights, heads })
     }
 
-    /// Builds this rank's part from a checkpoint's `{prefix}qkv` `[D, 3D]`
-    /// and `{prefix}out` `[D, D]`, reading only this rank's heads.
+    /// Builds this rank's part from `qkv` `[D, 3D]` and `out` `[D, D]`
+    /// of `w`, reading only this rank's heads.
     ///
     /// # Errors
     /// Those of [`from_full`](Self::from_full), and a missing tensor.
-    pub fn from_checkpoint(
-        group: &Group,
-        heads: usize,
-        checkpoint: &Checkpoint,
-        prefix: &str,
-        s: &Stream,
-    ) -> Result<Self> {
-        let out = &checkpoint.info(&format!("{prefix}out"))?.shape;
-        check_heads(out, heads, group.size())?;
-        let weights = AttentionWeights::from_checkpoint(group, checkpoint, prefix, s)?;
+    pub fn load(w: &Weights, heads: usize, s: &Stream) -> Result<Self> {
+        let out = w.shape("out")?;
+        let out: Vec<i32> = out
+            .iter()
+            .map(|&d| i32::try_from(d).unwrap_or(i32::MAX))
+            .collect();
+        check_heads(&out, heads, w.comm().size())?;
+        let weights = AttentionWeights::load_fields(w, s)?;
         Ok(Self { weights, heads })
+    }
+
+    /// The model dimension `D`.
+    pub fn dim(&self) -> usize {
+        self.weights.out.global_shape()[0] as usize
     }
 
     /// The full weights again, `qkv` then `out` (see

@@ -4,12 +4,11 @@
 use safemlx::{Array, Stream};
 
 use super::{Moe, MoeConfig, ShardedAttention, SwiGluMlp};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::Weights;
 use crate::error::Result;
 use crate::typed::{Ragged, Replicated, Sharded, ShardedArray};
-use crate::Group;
 
-/// The norms' epsilon of a block built by [`TransformerBlock::from_checkpoint`].
+/// The norms' epsilon of a block built by [`TransformerBlock::load`].
 pub const DEFAULT_EPS: f32 = 1e-5;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last axis.
@@ -45,60 +44,37 @@ pub struct TransformerBlock {
 }
 
 impl TransformerBlock {
-    /// Builds this rank's part of a block from a checkpoint, each rank
-    /// reading only its part. Tensor names, after `prefix`:
-    /// `attention.qkv` `[D, 3D]`, `attention.out` `[D, D]`,
-    /// `attention_norm` `[D]`, `feed_forward_norm` `[D]`, and either
-    /// `mlp.gate`, `mlp.up` `[D, H]`, `mlp.down` `[H, D]` or `moe.router`
-    /// `[D, E]`, `moe.gate`, `moe.up` `[E, D, H]`, `moe.down` `[E, H, D]` (an
-    /// expert-parallel MoE block with renormalised softmax gates,
-    /// routing `top_k` experts per token). `eps` is [`DEFAULT_EPS`].
+    /// Builds this rank's part of a block from `w`, each rank reading
+    /// only its part. Tensor names: `attention.qkv` `[D, 3D]`,
+    /// `attention.out` `[D, D]`, `attention_norm` `[D]`,
+    /// `feed_forward_norm` `[D]`, and either `mlp.gate`, `mlp.up` `[D, H]`,
+    /// `mlp.down` `[H, D]` or `moe.router` `[D, E]`, `moe.gate`, `moe.up`
+    /// `[E, D, H]`, `moe.down` `[E, H, D]` (an expert-parallel MoE block
+    /// with renormalised softmax gates, routing `top_k` experts per
+    /// token). `eps` is [`DEFAULT_EPS`].
     ///
     /// # Errors
     /// A missing tensor (the message lists what the file has), or the
     /// checks of the attention and the feed-forward layer.
-    pub fn from_checkpoint(
-        group: &Group,
-        heads: usize,
-        top_k: usize,
-        checkpoint: &Checkpoint,
-        prefix: &str,
-        s: &Stream,
-    ) -> Result<Self> {
-        let attention = ShardedAttention::from_checkpoint(
-            group,
-            heads,
-            checkpoint,
-            &format!("{prefix}attention."),
-            s,
-        )?;
-        let feed_forward = if checkpoint.contains(&format!("{prefix}moe.router")) {
-            FeedForward::Moe(Moe::from_checkpoint(
-                group,
-                MoeConfig::new(top_k),
-                checkpoint,
-                &format!("{prefix}moe."),
-                s,
-            )?)
+    pub fn load(w: &Weights, heads: usize, top_k: usize, s: &Stream) -> Result<Self> {
+        let attention = ShardedAttention::load(&w.pp("attention"), heads, s)?;
+        let feed_forward = if w.contains("moe.router") {
+            FeedForward::Moe(Moe::load(&w.pp("moe"), MoeConfig::new(top_k), s)?)
         } else {
-            FeedForward::Mlp(SwiGluMlp::from_checkpoint(
-                group,
-                checkpoint,
-                &format!("{prefix}mlp."),
-                s,
-            )?)
+            FeedForward::Mlp(SwiGluMlp::load_fields(&w.pp("mlp"), s)?)
         };
+        let d = attention.dim();
         Ok(Self {
             attention,
             feed_forward,
-            attention_norm: checkpoint.read(&format!("{prefix}attention_norm"), s)?,
-            feed_forward_norm: checkpoint.read(&format!("{prefix}feed_forward_norm"), s)?,
+            attention_norm: w.full("attention_norm", &[d], s)?,
+            feed_forward_norm: w.full("feed_forward_norm", &[d], s)?,
             eps: DEFAULT_EPS,
         })
     }
 
     /// The block's full weights under the names
-    /// [`from_checkpoint`](Self::from_checkpoint) reads, after `prefix`:
+    /// [`load`](Self::load) reads, after `prefix`:
     /// what [`checkpoint::save`](crate::checkpoint::save) writes. Cost: one
     /// `all_gather` per sharded weight.
     pub fn gather_full(&self, prefix: &str, s: &Stream) -> Result<Vec<(String, Array)>> {

@@ -2,10 +2,10 @@
 
 use safemlx::{Array, Dtype, Stream};
 
-use crate::checkpoint::TensorSource;
+use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::sharded;
 use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
-use crate::{sharded, Group};
 
 /// A `[V, D]` table split by vocabulary rows: rank `r` holds rows
 /// `chunk(V, r, n)`. As an embedding, each rank looks up the tokens in its
@@ -21,24 +21,13 @@ pub struct VocabParallelEmbedding {
 }
 
 impl VocabParallelEmbedding {
-    /// Reads this rank's rows of the `[V, D]` tensor `name`.
+    /// Reads this rank's rows of the `[vocab, dim]` tensor `weight`.
     ///
     /// # Errors
-    /// A missing tensor or one that is not 2-D.
-    pub fn from_hf(group: &Group, dir: &dyn TensorSource, name: &str, s: &Stream) -> Result<Self> {
-        let shape = dir.shape(name)?;
-        let &[vocab, _] = shape.as_slice() else {
-            return Err(Error::Model {
-                path: dir.path().display().to_string(),
-                message: format!(
-                    "tensor `{name}` has shape {shape:?}; an embedding is [vocab, dim]"
-                ),
-            });
-        };
-        let rows = chunk(vocab as usize, group.rank(), group.size());
-        let local = dir.read_rows(name, &[rows], s)?;
+    /// A missing tensor or one of another shape.
+    pub fn load(w: &Weights, (vocab, dim): (usize, usize), s: &Stream) -> Result<Self> {
         Ok(Self {
-            weight: ShardedArray::from_local(local, group, &shape)?,
+            weight: w.get("weight", &[vocab, dim], s)?,
         })
     }
 

@@ -19,10 +19,10 @@ use safemlx::{Array, Stream};
 
 use super::kv_cache::LayerCache;
 use super::Projection;
-use crate::checkpoint::TensorSource;
+use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::runtime::Group;
 use crate::typed::{chunk, Partial, Replicated, ShardedArray};
-use crate::Group;
 
 /// The query and KV heads one rank holds, as `(first, count)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +106,8 @@ impl Rope {
 /// The shape of one attention layer, from the model's configuration.
 #[derive(Debug, Clone)]
 pub struct GqaConfig {
+    /// The model dimension `D` (the tokens' width).
+    pub dim: usize,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads.
@@ -142,70 +144,41 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
-    /// Reads this rank's heads of the Hugging Face tensors
-    /// `{prefix}{q,k,v,o}_proj.weight` (`[out, in]`), the biases and the
-    /// `q_norm`/`k_norm` weights when the configuration has them: only
-    /// this rank's rows of q, k, v and its columns of o. Tensors the
-    /// checkpoint stores quantized stay quantized.
+    /// Reads this rank's heads of `{q,k,v,o}_proj.weight` (`[out, in]`),
+    /// the biases and the `q_norm`/`k_norm` weights when the configuration
+    /// has them: only this rank's rows of q, k, v and its columns of o.
+    /// Tensors the checkpoint stores quantized stay quantized.
     ///
     /// # Errors
     /// A head split that cannot be (see [`HeadSplit::new`]), a missing
     /// tensor, a tensor whose shape disagrees with the configuration (the
     /// message names it), or a quantized output projection whose heads
     /// cut its quantization groups.
-    pub fn from_hf(
-        group: &Group,
-        dir: &dyn TensorSource,
-        prefix: &str,
-        config: &GqaConfig,
-        s: &Stream,
-    ) -> Result<Self> {
+    pub fn load(w: &Weights, config: &GqaConfig, s: &Stream) -> Result<Self> {
+        let group = w.comm();
         let split = HeadSplit::new(config.heads, config.kv_heads, group.rank(), group.size())?;
-        let hd = config.head_dim;
-        let name = |part: &str| format!("{prefix}{part}");
+        let (hd, d) = (config.head_dim, config.dim);
+        let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
         let rows = |(first, count): (usize, usize)| [(first * hd, count * hd)];
-        let d = expect_shape(dir, &name("q_proj.weight"), None, config.heads * hd)?;
-        expect_shape(dir, &name("k_proj.weight"), Some(d), config.kv_heads * hd)?;
-        expect_shape(dir, &name("v_proj.weight"), Some(d), config.kv_heads * hd)?;
-        let o_shape = &dir.shape(&name("o_proj.weight"))?;
-        if o_shape.as_slice() != [d as i32, (config.heads * hd) as i32] {
-            return Err(disagree(
-                dir,
-                &name("o_proj.weight"),
-                o_shape,
-                &[d, config.heads * hd],
-            ));
-        }
-        let project = |part: &str, heads| Projection::rows(dir, &name(part), &rows(heads), s);
-        let q = project("q_proj.weight", split.query)?;
-        let k = project("k_proj.weight", split.kv)?;
-        let v = project("v_proj.weight", split.kv)?;
-        let o = Projection::columns(dir, &name("o_proj.weight"), &rows(split.query), s)?;
+        let q = Projection::rows(w, "q_proj.weight", [q_out, d], &rows(split.query), s)?;
+        let k = Projection::rows(w, "k_proj.weight", [kv_out, d], &rows(split.kv), s)?;
+        let v = Projection::rows(w, "v_proj.weight", [kv_out, d], &rows(split.kv), s)?;
+        let o = Projection::columns(w, "o_proj.weight", [d, q_out], &rows(split.query), s)?;
         let biases = if config.qkv_bias {
-            let bias = |part: &str, heads, total| -> Result<Array> {
-                let shape = &dir.shape(&name(part))?;
-                if shape.as_slice() != [total as i32] {
-                    return Err(disagree(dir, &name(part), shape, &[total]));
-                }
-                dir.read_rows(&name(part), &rows(heads), s)
-            };
+            let bias = |name: &str, heads, total: usize| w.rows(name, &[total], &rows(heads), s);
             Some([
-                bias("q_proj.bias", split.query, config.heads * hd)?,
-                bias("k_proj.bias", split.kv, config.kv_heads * hd)?,
-                bias("v_proj.bias", split.kv, config.kv_heads * hd)?,
+                bias("q_proj.bias", split.query, q_out)?,
+                bias("k_proj.bias", split.kv, kv_out)?,
+                bias("v_proj.bias", split.kv, kv_out)?,
             ])
         } else {
             None
         };
         let norms = if config.qk_norm {
-            let norm = |part: &str| -> Result<Array> {
-                let shape = &dir.shape(&name(part))?;
-                if shape.as_slice() != [hd as i32] {
-                    return Err(disagree(dir, &name(part), shape, &[hd]));
-                }
-                dir.read(&name(part), s)
-            };
-            Some([norm("q_norm.weight")?, norm("k_norm.weight")?])
+            Some([
+                w.full("q_norm.weight", &[hd], s)?,
+                w.full("k_norm.weight", &[hd], s)?,
+            ])
         } else {
             None
         };
@@ -504,29 +477,6 @@ impl crate::grad::Parameters for GqaAttention {
             biases,
             norms,
         })
-    }
-}
-
-/// Checks that `{name}` is `[rows, D]` (with `D` = `d` when given); returns `D`.
-fn expect_shape(
-    dir: &dyn TensorSource,
-    name: &str,
-    d: Option<usize>,
-    rows: usize,
-) -> Result<usize> {
-    let shape = &dir.shape(name)?;
-    match shape.as_slice() {
-        &[r, got] if r as usize == rows && d.is_none_or(|d| d == got as usize) => Ok(got as usize),
-        _ => Err(disagree(dir, name, shape, &[rows, d.unwrap_or(0)])),
-    }
-}
-
-fn disagree(dir: &dyn TensorSource, name: &str, shape: &[i32], want: &[usize]) -> Error {
-    Error::Model {
-        path: dir.path().display().to_string(),
-        message: format!(
-            "tensor `{name}` has shape {shape:?} but the configuration gives {want:?} (0: any)"
-        ),
     }
 }
 

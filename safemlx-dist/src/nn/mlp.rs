@@ -2,10 +2,10 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::TensorSource;
-use crate::error::Error;
-use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
-use crate::{sharded, Group, Result};
+use crate::checkpoint::Weights;
+use crate::error::Result;
+use crate::sharded;
+use crate::typed::{Partial, Replicated, Sharded, ShardedArray};
 
 /// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
 /// columns and `down` `[H, D]` split by rows: one `all_sum` per forward
@@ -26,48 +26,23 @@ pub struct SwiGluMlp {
 }
 
 impl SwiGluMlp {
-    /// Reads this rank's part of the Hugging Face tensors
-    /// `{prefix}gate_proj.weight`, `{prefix}up_proj.weight` (`[H, D]`: its
-    /// rows of `H`) and `{prefix}down_proj.weight` (`[D, H]`: its columns),
-    /// for `D` = `dim` and `H` = `hidden`.
+    /// Reads this rank's part of `gate_proj.weight`, `up_proj.weight`
+    /// (`[H, D]`, `[out, in]` as checkpoints store them: its rows of `H`)
+    /// and `down_proj.weight` (`[D, H]`: its columns), for `D` = `dim` and
+    /// `H` = `hidden`.
     ///
     /// # Errors
     /// A missing tensor, or one whose shape is not the configuration's.
-    pub fn from_hf(
-        group: &Group,
-        dir: &dyn TensorSource,
-        prefix: &str,
-        (dim, hidden): (usize, usize),
-        s: &Stream,
-    ) -> Result<Self> {
-        let part = chunk(hidden, group.rank(), group.size());
-        let (d, h) = (dim as i32, hidden as i32);
-        let check = |name: &str, want: [i32; 2]| -> Result<String> {
-            let name = format!("{prefix}{name}");
-            let shape = &dir.shape(&name)?;
-            if shape.as_slice() != want {
-                return Err(Error::Model {
-                    path: dir.path().display().to_string(),
-                    message: format!(
-                        "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
-                    ),
-                });
-            }
-            Ok(name)
-        };
+    pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
         let column = |name: &str| -> Result<ShardedArray<Sharded<1>>> {
-            let name = check(name, [h, d])?;
-            let rows = dir.read_rows(&name, &[part], s)?.transpose(s)?;
-            ShardedArray::from_local(rows, group, &[d, h])
+            w.get::<Sharded<0>>(name, &[hidden, dim], s)?.transpose(s)
         };
-        let gate = column("gate_proj.weight")?;
-        let up = column("up_proj.weight")?;
-        let name = check("down_proj.weight", [d, h])?;
-        let down = dir.read_columns(&name, &[part], s)?.transpose(s)?;
         Ok(Self {
-            gate,
-            up,
-            down: ShardedArray::from_local(down, group, &[h, d])?,
+            gate: column("gate_proj.weight")?,
+            up: column("up_proj.weight")?,
+            down: w
+                .get::<Sharded<1>>("down_proj.weight", &[dim, hidden], s)?
+                .transpose(s)?,
         })
     }
 

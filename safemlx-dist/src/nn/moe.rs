@@ -22,13 +22,14 @@ use safemlx::ops;
 use safemlx::{Array, DeviceType, Dtype, Stream};
 
 use super::SwiGluMlp;
-use crate::checkpoint::{Checkpoint, TensorSource};
+use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
+use crate::runtime::Group;
+use crate::sharded;
 use crate::typed::collective::slice_axis;
 use crate::typed::{
     chunk, Partial, Placement, Ragged, Replicated, RoutingPlan, Sharded, ShardedArray,
 };
-use crate::{sharded, Group};
 
 /// How the router's logits become the gates of a token's `k` experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,24 +390,16 @@ impl Moe {
         })
     }
 
-    /// Builds this rank's part from a checkpoint's `{prefix}router`,
-    /// `{prefix}gate`, `{prefix}up` and `{prefix}down`, reading only this
-    /// rank's experts (or slices).
+    /// Builds this rank's part from `router` `[D, E]`, `gate`, `up`
+    /// `[E, D, H]` and `down` `[E, H, D]` of `w`, reading only this rank's
+    /// experts (or slices).
     ///
     /// # Errors
     /// Those of [`from_full`](Self::from_full), and a missing tensor.
-    pub fn from_checkpoint(
-        group: &Group,
-        config: MoeConfig,
-        checkpoint: &Checkpoint,
-        prefix: &str,
-        s: &Stream,
-    ) -> Result<Self> {
-        let shape = |name: &str| -> Result<Vec<i32>> {
-            Ok(checkpoint.info(&format!("{prefix}{name}"))?.shape.clone())
-        };
+    pub fn load(w: &Weights, config: MoeConfig, s: &Stream) -> Result<Self> {
+        let shape = |name: &str| -> Result<Vec<i32>> { w.source().shape(&w.name(name)) };
         let (e, ..) = check_shapes(
-            prefix,
+            w.prefix(),
             &shape("router")?,
             &shape("gate")?,
             &shape("up")?,
@@ -414,16 +407,13 @@ impl Moe {
         )?;
         config.check(e)?;
         let experts = match config.placement {
-            ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights::from_checkpoint(
-                group, checkpoint, prefix, s,
-            )?),
-            ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(
-                ExpertSlices::from_checkpoint(group, checkpoint, prefix, s)?,
-            ),
+            ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights::load_fields(w, s)?),
+            ExpertPlacement::ExpertTensorParallel => {
+                Experts::TensorParallel(ExpertSlices::load_fields(w, s)?)
+            }
         };
-        let router = checkpoint.read(&format!("{prefix}router"), s)?;
         Ok(Self {
-            router: ShardedArray::replicated(router, group),
+            router: w.get_fused("router", None, 1, s)?,
             experts: Box::new(experts),
             shared: None,
             config,
@@ -431,24 +421,21 @@ impl Moe {
         })
     }
 
-    /// Reads this rank's part of a Hugging Face MoE block at `prefix`
-    /// (e.g. `model.layers.3.mlp.`): the router `{prefix}gate.weight`
-    /// `[E, D]` and per-expert tensors `{prefix}experts.{e}.{gate,up,down}`
-    /// named by `names` (`[H, D]`, `[H, D]`, `[D, H]`), or Transformers
-    /// 5's stacked `{prefix}experts.gate_up_proj` `[E, 2H, D]` and
-    /// `{prefix}experts.down_proj` `[E, D, H]`, each rank reading
-    /// only its experts (expert parallel) or its rows/columns of every
-    /// expert (expert tensor parallel); with `shared`, Qwen2-MoE's
-    /// `{prefix}shared_expert.*` and `{prefix}shared_expert_gate.weight`.
+    /// Reads this rank's part of a Hugging Face MoE block (`w` at e.g.
+    /// `model.layers.3.mlp`): the router `gate.weight` `[E, D]` and
+    /// per-expert tensors `experts.{e}.{gate,up,down}` named by `names`
+    /// (`[H, D]`, `[H, D]`, `[D, H]`), or Transformers 5's stacked
+    /// `experts.gate_up_proj` `[E, 2H, D]` and `experts.down_proj`
+    /// `[E, D, H]`, each rank reading only its experts (expert parallel)
+    /// or its rows/columns of every expert (expert tensor parallel); with
+    /// `shared`, Qwen2-MoE's `shared_expert.*` and
+    /// `shared_expert_gate.weight`.
     ///
     /// # Errors
     /// A missing tensor or one whose shape is not `(dim, hidden)`'s; the
     /// message names it and the file.
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_hf(
-        group: &Group,
-        dir: &dyn TensorSource,
-        prefix: &str,
+    pub fn load_hf(
+        w: &Weights,
         names: &HfExpertNames,
         (dim, hidden, experts): (usize, usize, usize),
         shared_hidden: Option<usize>,
@@ -456,127 +443,93 @@ impl Moe {
         s: &Stream,
     ) -> Result<Self> {
         config.check(experts)?;
-        let (d, h) = (dim as i32, hidden as i32);
-        let check = |name: String, want: [i32; 2]| -> Result<String> {
-            let shape = dir.shape(&name)?;
-            if shape.as_slice() != want {
-                return Err(Error::Model {
-                    path: dir.path().display().to_string(),
-                    message: format!(
-                        "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
-                    ),
-                });
-            }
-            Ok(name)
-        };
-        let router_name = check(format!("{prefix}{}", names.router), [experts as i32, d])?;
-        let router = dir.read(&router_name, s)?.transpose(s)?;
-        let expert = |e: usize, which: &str| format!("{prefix}experts.{e}.{which}.weight");
-        let (rank, n) = (group.rank(), group.size());
+        let group = w.comm();
+        let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
+        let router = w.full(names.router, &[experts, dim], s)?.transpose(s)?;
+        let expert = |e: usize, which: &str| format!("experts.{e}.{which}.weight");
         // Stacks per-expert matrices into [E', a, b].
-        let stack = |parts: Vec<Array>| -> Result<Array> {
+        let stack = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
+            if parts.is_empty() {
+                return Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?);
+            }
             let parts: Vec<Array> = parts
                 .iter()
                 .map(|p| p.expand_dims(0, s))
                 .collect::<std::result::Result<_, _>>()?;
             Ok(ops::concatenate_axis(&parts, 0, s)?)
         };
-        let stacked = format!("{prefix}experts.gate_up_proj");
-        let experts_part = if dir.contains(&stacked) {
+        let (gate, up, down) = if w.contains("experts.gate_up_proj") {
             // Transformers 5's stacked experts: `experts.gate_up_proj`
             // [E, 2H, D] (gate rows, then up rows) and `experts.down_proj`
             // [E, D, H].
-            let e = experts as i32;
-            let gate_up = check3(dir, &stacked, [e, 2 * h, d])?;
-            let down = check3(dir, &format!("{prefix}experts.down_proj"), [e, d, h])?;
-            let (first, count) = match config.placement {
-                ExpertPlacement::ExpertParallel => chunk(experts, rank, n),
+            let part = match config.placement {
+                ExpertPlacement::ExpertParallel => w.chunk(experts),
                 // Every expert's slice: the rows of a slice are not
                 // contiguous in the stacked tensor, so it is read whole.
                 ExpertPlacement::ExpertTensorParallel => (0, experts),
             };
-            let gate_up = dir.read_rows(&gate_up, &[(first, count)], s)?;
+            let gate_up = w.rows(
+                "experts.gate_up_proj",
+                &[experts, 2 * hidden, dim],
+                &[part],
+                s,
+            )?;
             let parts = gate_up.split(2, 1, s)?;
             // To [E', D, H] and [E', H, D].
-            let gate = parts[0].swap_axes(1, 2, s)?;
-            let up = parts[1].swap_axes(1, 2, s)?;
-            let down = dir
-                .read_rows(&down, &[(first, count)], s)?
-                .swap_axes(1, 2, s)?;
-            match config.placement {
-                ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights {
+            let down = w.rows("experts.down_proj", &[experts, dim, hidden], &[part], s)?;
+            (
+                parts[0].swap_axes(1, 2, s)?,
+                parts[1].swap_axes(1, 2, s)?,
+                down.swap_axes(1, 2, s)?,
+            )
+        } else {
+            let (first, count, part) = match config.placement {
+                ExpertPlacement::ExpertParallel => {
+                    let (first, count) = w.chunk(experts);
+                    (first, count, (0, hidden))
+                }
+                ExpertPlacement::ExpertTensorParallel => (0, experts, w.chunk(hidden)),
+            };
+            let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+            for e in first..first + count {
+                let rows = |which: &str| w.rows(&expert(e, which), &[hidden, dim], &[part], s);
+                gate.push(rows(names.gate)?.transpose(s)?);
+                up.push(rows(names.up)?.transpose(s)?);
+                let columns = w.columns(&expert(e, names.down), &[dim, hidden], &[part], s)?;
+                down.push(columns.transpose(s)?);
+            }
+            let width = part.1 as i32;
+            (
+                stack(gate, [d, width])?,
+                stack(up, [d, width])?,
+                stack(down, [width, d])?,
+            )
+        };
+        let experts_part = match (config.placement, w.contains("experts.gate_up_proj")) {
+            (ExpertPlacement::ExpertParallel, _) => Experts::Parallel(ExpertWeights {
+                gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
+                up: ShardedArray::from_local(up, group, &[e, d, h])?,
+                down: ShardedArray::from_local(down, group, &[e, h, d])?,
+            }),
+            // Read whole: sliced here.
+            (ExpertPlacement::ExpertTensorParallel, true) => {
+                Experts::TensorParallel(ExpertSlices::from_full(group, gate, up, down, s)?)
+            }
+            (ExpertPlacement::ExpertTensorParallel, false) => {
+                Experts::TensorParallel(ExpertSlices {
                     gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
                     up: ShardedArray::from_local(up, group, &[e, d, h])?,
                     down: ShardedArray::from_local(down, group, &[e, h, d])?,
-                }),
-                ExpertPlacement::ExpertTensorParallel => {
-                    Experts::TensorParallel(ExpertSlices::from_full(group, gate, up, down, s)?)
-                }
-            }
-        } else {
-            match config.placement {
-                ExpertPlacement::ExpertParallel => {
-                    let (first, count) = chunk(experts, rank, n);
-                    let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-                    for e in first..first + count {
-                        let g = check(expert(e, names.gate), [h, d])?;
-                        let u = check(expert(e, names.up), [h, d])?;
-                        let w = check(expert(e, names.down), [d, h])?;
-                        gate.push(dir.read(&g, s)?.transpose(s)?);
-                        up.push(dir.read(&u, s)?.transpose(s)?);
-                        down.push(dir.read(&w, s)?.transpose(s)?);
-                    }
-                    let (e, dh, hd) = (experts as i32, [d, h], [h, d]);
-                    let local = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
-                        if parts.is_empty() {
-                            Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?)
-                        } else {
-                            stack(parts)
-                        }
-                    };
-                    Experts::Parallel(ExpertWeights {
-                        gate: ShardedArray::from_local(local(gate, dh)?, group, &[e, d, h])?,
-                        up: ShardedArray::from_local(local(up, dh)?, group, &[e, d, h])?,
-                        down: ShardedArray::from_local(local(down, hd)?, group, &[e, h, d])?,
-                    })
-                }
-                ExpertPlacement::ExpertTensorParallel => {
-                    let part = chunk(hidden, rank, n);
-                    let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-                    for e in 0..experts {
-                        let g = check(expert(e, names.gate), [h, d])?;
-                        let u = check(expert(e, names.up), [h, d])?;
-                        let w = check(expert(e, names.down), [d, h])?;
-                        gate.push(dir.read_rows(&g, &[part], s)?.transpose(s)?);
-                        up.push(dir.read_rows(&u, &[part], s)?.transpose(s)?);
-                        down.push(dir.read_columns(&w, &[part], s)?.transpose(s)?);
-                    }
-                    let e = experts as i32;
-                    Experts::TensorParallel(ExpertSlices {
-                        gate: ShardedArray::from_local(stack(gate)?, group, &[e, d, h])?,
-                        up: ShardedArray::from_local(stack(up)?, group, &[e, d, h])?,
-                        down: ShardedArray::from_local(stack(down)?, group, &[e, h, d])?,
-                    })
-                }
+                })
             }
         };
         let shared = match shared_hidden {
             None => None,
             Some(hidden) => {
-                let mlp = SwiGluMlp::from_hf(
-                    group,
-                    dir,
-                    &format!("{prefix}shared_expert."),
-                    (dim, hidden),
-                    s,
-                )?;
-                let gate_name = format!("{prefix}shared_expert_gate.weight");
-                let gate = if dir.contains(&gate_name) {
-                    let name = check(gate_name, [1, d])?;
-                    Some(ShardedArray::replicated(
-                        dir.read(&name, s)?.transpose(s)?,
-                        group,
-                    ))
+                let mlp = SwiGluMlp::load(&w.pp("shared_expert"), (dim, hidden), s)?;
+                let gate = if w.contains("shared_expert_gate.weight") {
+                    let g = w.full("shared_expert_gate.weight", &[1, dim], s)?;
+                    Some(ShardedArray::replicated(g.transpose(s)?, group))
                 } else {
                     None
                 };
@@ -626,7 +579,7 @@ impl Moe {
     }
 
     /// The full weights again: `router`, `gate`, `up`, `down` (one
-    /// `all_gather` per expert tensor), as [`from_checkpoint`](Self::from_checkpoint) reads them.
+    /// `all_gather` per expert tensor), as [`load`](Self::load) reads them.
     ///
     /// # Errors
     /// A failed collective.
@@ -1118,20 +1071,6 @@ fn routed_shares(x: &Array, router: &Array, comm: &Group, s: &Stream) -> Result<
         (Some(x), Some(router)) => Ok((x, router)),
         _ => Err(Error::Shape("two arrays expected".to_owned())),
     }
-}
-
-/// `name` if its shape is `want`, else an error naming it and the file.
-fn check3(dir: &dyn TensorSource, name: &str, want: [i32; 3]) -> Result<String> {
-    let shape = dir.shape(name)?;
-    if shape.as_slice() != want {
-        return Err(Error::Model {
-            path: dir.path().display().to_string(),
-            message: format!(
-                "tensor `{name}` has shape {shape:?} but the configuration gives {want:?}"
-            ),
-        });
-    }
-    Ok(name.to_owned())
 }
 
 /// The per-expert tensor names of a Hugging Face MoE block, after

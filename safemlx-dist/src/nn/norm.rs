@@ -2,10 +2,9 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::TensorSource;
-use crate::error::{Error, Result};
+use crate::checkpoint::Weights;
+use crate::error::Result;
 use crate::typed::{Replicated, ShardedArray};
-use crate::Group;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last axis, every rank
 /// computing it on its replicated copy (`safemlx::fast::rms_norm`).
@@ -36,29 +35,13 @@ impl crate::grad::Parameters for RmsNorm {
 }
 
 impl RmsNorm {
-    /// Reads the `[dim]` weight `name`.
+    /// Reads the `[dim]` weight `weight` of `w`.
     ///
     /// # Errors
     /// A missing tensor, or one that is not `[dim]`.
-    pub fn from_hf(
-        group: &Group,
-        dir: &dyn TensorSource,
-        name: &str,
-        dim: usize,
-        eps: f32,
-        s: &Stream,
-    ) -> Result<Self> {
-        let shape = &dir.shape(name)?;
-        if shape.as_slice() != [dim as i32] {
-            return Err(Error::Model {
-                path: dir.path().display().to_string(),
-                message: format!(
-                    "tensor `{name}` has shape {shape:?} but the configuration gives [{dim}]"
-                ),
-            });
-        }
+    pub fn load(w: &Weights, dim: usize, eps: f32, s: &Stream) -> Result<Self> {
         Ok(Self {
-            weight: ShardedArray::replicated(dir.read(name, s)?, group),
+            weight: w.get("weight", &[dim], s)?,
             eps,
         })
     }

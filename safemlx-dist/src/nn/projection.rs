@@ -3,7 +3,7 @@
 
 use safemlx::{Array, Stream};
 
-use crate::checkpoint::{whole_groups, TensorSource};
+use crate::checkpoint::{whole_groups, Weights};
 use crate::error::Result;
 use crate::quantized::AffineWeight;
 
@@ -17,41 +17,44 @@ pub enum Projection {
 }
 
 impl Projection {
-    /// Rows `ranges` (outputs) of tensor `name`: quantized when `dir`
-    /// stores it quantized ([`TensorSource::quantization`]).
+    /// Rows `ranges` (outputs) of the `[out, in]` tensor `name` of shape
+    /// `shape`: quantized when the source stores it quantized.
     ///
     /// # Errors
-    /// A missing tensor, rows past its end, or a failed read.
+    /// Another shape, rows past its end, or a failed read.
     pub fn rows(
-        dir: &dyn TensorSource,
+        w: &Weights,
         name: &str,
+        shape: [usize; 2],
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Self> {
-        Ok(match dir.quantization(name) {
-            Some(_) => Self::Quantized(dir.read_quantized_rows(name, ranges, s)?),
-            None => Self::Float(dir.read_rows(name, ranges, s)?.transpose(s)?),
+        Ok(match w.quantization(name) {
+            Some(_) => Self::Quantized(w.quantized_rows(name, shape, ranges, s)?),
+            None => Self::Float(w.rows(name, &shape, ranges, s)?.transpose(s)?),
         })
     }
 
-    /// Columns `ranges` (inputs) of tensor `name`; quantized ones in whole
-    /// groups.
+    /// Columns `ranges` (inputs) of the `[out, in]` tensor `name` of shape
+    /// `shape`; quantized ones in whole groups.
     ///
     /// # Errors
-    /// A range that cuts a quantization group (named with the tensor and
-    /// the group size), a missing tensor, or a failed read.
+    /// Another shape, a range that cuts a quantization group (named with
+    /// the tensor and the group size), or a failed read.
     pub fn columns(
-        dir: &dyn TensorSource,
+        w: &Weights,
         name: &str,
+        shape: [usize; 2],
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Self> {
-        Ok(match dir.quantization(name) {
+        Ok(match w.quantization(name) {
             Some((group_size, _)) => {
-                let groups = whole_groups(dir.path(), name, ranges, group_size)?;
-                Self::Quantized(dir.read_quantized_groups(name, &groups, s)?)
+                let path = w.source().path();
+                let groups = whole_groups(path, &w.name(name), ranges, group_size)?;
+                Self::Quantized(w.quantized_groups(name, shape, &groups, s)?)
             }
-            None => Self::Float(dir.read_columns(name, ranges, s)?.transpose(s)?),
+            None => Self::Float(w.columns(name, &shape, ranges, s)?.transpose(s)?),
         })
     }
 

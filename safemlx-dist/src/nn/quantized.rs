@@ -20,10 +20,12 @@ use safemlx::{Array, Dtype, Stream};
 
 use super::embedding::local_lookup;
 use super::Projection;
-use crate::checkpoint::{GgufFile, TensorSource};
+use crate::checkpoint::Weights;
+use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
+use crate::runtime::Group;
+use crate::sharded;
 use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
-use crate::{sharded, Error, Group, Result};
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
 /// `r` computes its chunk of the `H` outputs. No communication; the output
@@ -37,17 +39,15 @@ pub struct QuantizedColumnParallelLinear {
 }
 
 impl QuantizedColumnParallelLinear {
-    /// This rank's rows of the quantized tensor `name` of a GGUF file (only
-    /// those bytes are read).
+    /// This rank's rows of the quantized `[H, D]` tensor `name` of `w`
+    /// (only those bytes are read).
     ///
     /// # Errors
-    /// See [`GgufFile::read_quantized_rows`].
-    pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
-        let shape = gguf_shape(file, name)?;
-        let range = chunk(shape[0], group.rank(), group.size());
-        let local = file.read_quantized_rows(name, &[range], s)?;
+    /// A missing tensor, one that is not 2-D or not stored quantized, or a
+    /// failed read.
+    pub fn load(w: &Weights, name: &str, s: &Stream) -> Result<Self> {
         Ok(Self {
-            weight: QuantizedArray::from_local(local, group, shape)?,
+            weight: w.quantized(name, None, s)?,
         })
     }
 
@@ -73,16 +73,6 @@ pub struct QuantizedRowParallelLinear {
     /// This rank's groups of every row of `W`.
     #[shard(Sharded<1>)]
     pub weight: QuantizedArray<Sharded<1>>,
-}
-
-/// `[rows, columns]` of GGUF tensor `name` (a 2-D weight).
-fn gguf_shape(file: &GgufFile, name: &str) -> Result<[usize; 2]> {
-    match file.tensor(name)?.shape.as_slice() {
-        &[rows, columns] => Ok([rows as usize, columns as usize]),
-        other => Err(Error::Shape(format!(
-            "GGUF tensor `{name}` has shape {other:?}; a linear layer's weight is 2-D"
-        ))),
-    }
 }
 
 /// Checks that `h`'s chunks of `inputs` columns (the chunk rule over
@@ -116,20 +106,25 @@ impl QuantizedRowParallelLinear {
         Self::from_full(group, weight.clone(), s)
     }
 
-    /// This rank's groups of the quantized tensor `name` of a GGUF file
-    /// (only those blocks are read).
+    /// This rank's groups of the quantized `[D, H]` tensor `name` of `w`
+    /// (only those blocks are read), checked to meet the `Sharded<1>` input
+    /// `h` on every rank.
     ///
     /// # Errors
-    /// A split that would cut a group, or see
-    /// [`GgufFile::read_quantized_groups`].
-    pub fn from_gguf(group: &Group, file: &GgufFile, name: &str, s: &Stream) -> Result<Self> {
-        let shape = gguf_shape(file, name)?;
-        check_whole_groups(group, shape[1], 32)
-            .map_err(|e| Error::Shape(format!("GGUF tensor `{name}`: {e}")))?;
-        let range = chunk(shape[1] / 32, group.rank(), group.size());
-        let local = file.read_quantized_groups(name, &[range], s)?;
+    /// A split that would cut a group (the message names the tensor, the
+    /// shapes and the group size), a tensor that is not 2-D or not stored
+    /// quantized, or a failed read.
+    pub fn load(w: &Weights, name: &str, s: &Stream) -> Result<Self> {
+        if let (&[_, inputs], Some((group_size, _))) =
+            (w.shape(name)?.as_slice(), w.quantization(name))
+        {
+            check_whole_groups(w.comm(), inputs, group_size).map_err(|e| {
+                let stored = w.source().stored_name(&w.name(name));
+                Error::Shape(format!("tensor `{stored}`: {e}"))
+            })?;
+        }
         Ok(Self {
-            weight: QuantizedArray::from_local(local, group, shape)?,
+            weight: w.quantized(name, None, s)?,
         })
     }
 
@@ -180,46 +175,24 @@ pub struct QuantizedSwiGluMlp {
 }
 
 impl QuantizedSwiGluMlp {
-    /// Reads this rank's part of `{prefix}gate_proj.weight`,
-    /// `{prefix}up_proj.weight` (`[H, D]`) and `{prefix}down_proj.weight`
-    /// (`[D, H]`), for `D` = `dim` and `H` = `hidden`.
+    /// Reads this rank's part of `gate_proj.weight`, `up_proj.weight`
+    /// (`[H, D]`) and `down_proj.weight` (`[D, H]`), for `D` = `dim` and
+    /// `H` = `hidden`.
     ///
     /// # Errors
     /// A missing tensor, one whose shape is not the configuration's, or a
     /// failed read.
-    pub fn from_hf(
-        group: &Group,
-        dir: &dyn TensorSource,
-        prefix: &str,
-        (dim, hidden): (usize, usize),
-        s: &Stream,
-    ) -> Result<Self> {
-        let name = |part: &str| format!("{prefix}{part}");
-        for (part, want) in [
-            ("gate_proj.weight", [hidden, dim]),
-            ("up_proj.weight", [hidden, dim]),
-            ("down_proj.weight", [dim, hidden]),
-        ] {
-            let shape = dir.shape(&name(part))?;
-            if shape != [want[0] as i32, want[1] as i32] {
-                return Err(Error::Model {
-                    path: dir.path().display().to_string(),
-                    message: format!(
-                        "tensor `{}` has shape {shape:?} but the configuration gives {want:?}",
-                        name(part)
-                    ),
-                });
-            }
-        }
-        let unit = dir
-            .quantization(&name("down_proj.weight"))
+    pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
+        let unit = w
+            .quantization("down_proj.weight")
             .map_or(1, |(group_size, _)| group_size);
-        let (first, count) = chunk(hidden / unit, group.rank(), group.size());
+        let (first, count) = w.chunk(hidden / unit);
         let part = [(first * unit, count * unit)];
+        let rows = |name: &str| Projection::rows(w, name, [hidden, dim], &part, s);
         Ok(Self {
-            gate: Projection::rows(dir, &name("gate_proj.weight"), &part, s)?,
-            up: Projection::rows(dir, &name("up_proj.weight"), &part, s)?,
-            down: Projection::columns(dir, &name("down_proj.weight"), &part, s)?,
+            gate: rows("gate_proj.weight")?,
+            up: rows("up_proj.weight")?,
+            down: Projection::columns(w, "down_proj.weight", [dim, hidden], &part, s)?,
             hidden: part[0],
             dim,
         })
@@ -284,16 +257,17 @@ pub struct QuantizedVocabParallelEmbedding {
 }
 
 impl QuantizedVocabParallelEmbedding {
-    /// Reads this rank's rows of the quantized `[V, D]` tensor `name`.
+    /// Reads this rank's rows of the quantized `[vocab, dim]` tensor
+    /// `weight`.
     ///
     /// # Errors
-    /// A missing tensor, one not stored quantized, or a failed read.
-    pub fn from_hf(group: &Group, dir: &dyn TensorSource, name: &str, s: &Stream) -> Result<Self> {
-        let vocab = dir.shape(name)?.first().copied().unwrap_or(0) as usize;
-        let (first, count) = chunk(vocab, group.rank(), group.size());
+    /// A missing tensor, one of another shape or not stored quantized, or
+    /// a failed read.
+    pub fn load(w: &Weights, (vocab, dim): (usize, usize), s: &Stream) -> Result<Self> {
+        let (first, count) = w.chunk(vocab);
         Ok(Self {
-            weight: dir.read_quantized_rows(name, &[(first, count)], s)?,
-            comm: group.clone(),
+            weight: w.quantized_rows("weight", [vocab, dim], &[(first, count)], s)?,
+            comm: w.comm().clone(),
             vocab,
             first,
         })

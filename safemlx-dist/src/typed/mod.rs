@@ -24,6 +24,7 @@ pub use ops::{
 pub use placement::{
     chunk, chunk_lengths, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
 };
+pub(crate) use quantized::quantized_part;
 pub use quantized::{checkpoint_tensors, QuantizedArray, QuantizedMatmulRule, QuantizedPlacement};
 pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};

@@ -14,14 +14,13 @@
 //! 2 ranks are 2 + 1); no other placement exists for a quantized weight,
 //! and `QuantizedArray<Partial>` does not compile.
 
-use safemlx::{Array, Dtype, Stream};
+use safemlx::{Array, Stream};
 
 use super::ops::NoRule;
 use super::placement::{chunk, chunk_lengths, Partial, Placement, Replicated, Sharded};
 use super::sharded::ShardedArray;
 use super::weights::FieldLayout;
 use super::Collective;
-use crate::checkpoint::{Checkpoint, TensorSource};
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 use crate::Group;
@@ -90,7 +89,7 @@ pub struct QuantizedArray<P: QuantizedPlacement, C: Collective = Group> {
 /// What rank `rank` of `n` keeps of a `[rows, columns]` weight in groups
 /// of `group_size` under `P`: `(first, count)` of the rows, or of every
 /// row's groups; `None` for all of it.
-fn part<P: Placement>(
+pub(crate) fn quantized_part<P: Placement>(
     [rows, columns]: [usize; 2],
     group_size: usize,
     (rank, n): (usize, usize),
@@ -117,7 +116,7 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
                 global[1]
             )));
         }
-        let expected = match part::<P>(global, g, (comm.rank(), comm.size())) {
+        let expected = match quantized_part::<P>(global, g, (comm.rank(), comm.size())) {
             Some((_, count)) if P::AXIS == Some(0) => [count, global[1]],
             Some((_, groups)) => [global[0], groups * g],
             None => global,
@@ -146,101 +145,11 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
     /// An MLX error.
     pub fn from_full(full: &AffineWeight, comm: &C, s: &Stream) -> Result<Self> {
         let global = full.shape();
-        let local = match part::<P>(global, full.group_size, (comm.rank(), comm.size())) {
+        let local = match quantized_part::<P>(global, full.group_size, (comm.rank(), comm.size())) {
             Some((first, count)) if P::AXIS == Some(0) => full.rows(first, count, s)?,
             Some((first, count)) => full.groups(first, count, s)?,
             None => full.clone(),
         };
-        Self::from_local(local, comm, global)
-    }
-
-    /// This rank's part of the quantized tensor `name` of a Hugging Face
-    /// directory or a GGUF file (HF names, e.g.
-    /// `model.layers.0.mlp.down_proj.weight`): only its rows or groups are
-    /// read.
-    ///
-    /// # Errors
-    /// A tensor that is missing or not stored quantized, or a failed read.
-    pub fn read(source: &dyn TensorSource, name: &str, comm: &C, s: &Stream) -> Result<Self> {
-        let shape = source.shape(name)?;
-        let Some((group_size, _)) = source.quantization(name) else {
-            return Err(Error::Checkpoint {
-                path: source.path().display().to_string(),
-                message: format!("tensor `{name}` is not stored quantized; read it as floats"),
-            });
-        };
-        let global = logical(&shape).ok_or_else(|| Error::Checkpoint {
-            path: source.path().display().to_string(),
-            message: format!("tensor `{name}` has shape {shape:?}; a quantized weight is 2-D"),
-        })?;
-        let local = match part::<P>(global, group_size, (comm.rank(), comm.size())) {
-            Some(range) if P::AXIS == Some(0) => source.read_quantized_rows(name, &[range], s)?,
-            Some(range) => source.read_quantized_groups(name, &[range], s)?,
-            None => source.read_quantized_rows(name, &[(0, global[0])], s)?,
-        };
-        Self::from_local(local, comm, global)
-    }
-
-    /// The logical `[rows, columns]` of field `name` of a checkpoint that
-    /// [`gather_full`](Self::gather_full) wrote (see
-    /// [`read_checkpoint`](Self::read_checkpoint)), from its header.
-    ///
-    /// # Errors
-    /// A missing or malformed tensor, naming it.
-    pub fn checkpoint_shape(checkpoint: &Checkpoint, name: &str, s: &Stream) -> Result<[usize; 2]> {
-        let (group_size, _) = stored_quantization(checkpoint, name, s)?;
-        let scales = &checkpoint.info(&format!("{name}.scales"))?.shape;
-        match scales.as_slice() {
-            &[rows, groups] if rows >= 0 && groups >= 0 => {
-                Ok([rows as usize, groups as usize * group_size])
-            }
-            other => Err(malformed(
-                checkpoint,
-                name,
-                &format!("its scales have shape {other:?}, not [rows, groups]"),
-            )),
-        }
-    }
-
-    /// This rank's part of the quantized field `name` of a checkpoint
-    /// written from [`gather_full`](Self::gather_full)'s tensors: `name`
-    /// (packed `uint32`), `name.scales`, `name.biases` and
-    /// `name.quantization` (`uint32` `[group_size, bits]`). Only its rows or
-    /// groups are read.
-    ///
-    /// # Errors
-    /// A missing tensor, tensors that disagree, or a failed read, naming
-    /// the checkpoint and the tensor.
-    pub fn read_checkpoint(
-        checkpoint: &Checkpoint,
-        name: &str,
-        comm: &C,
-        s: &Stream,
-    ) -> Result<Self> {
-        let (group_size, bits) = stored_quantization(checkpoint, name, s)?;
-        let global = Self::checkpoint_shape(checkpoint, name, s)?;
-        let (scales, biases) = (format!("{name}.scales"), format!("{name}.biases"));
-        let words = group_size * bits / 32;
-        let (weight, scales, biases) =
-            match part::<P>(global, group_size, (comm.rank(), comm.size())) {
-                Some(range) if P::AXIS == Some(0) => (
-                    checkpoint.read_rows(name, &[range], s)?,
-                    checkpoint.read_rows(&scales, &[range], s)?,
-                    checkpoint.read_rows(&biases, &[range], s)?,
-                ),
-                Some((first, count)) => (
-                    checkpoint.read_columns(name, &[(first * words, count * words)], s)?,
-                    checkpoint.read_columns(&scales, &[(first, count)], s)?,
-                    checkpoint.read_columns(&biases, &[(first, count)], s)?,
-                ),
-                None => (
-                    checkpoint.read(name, s)?,
-                    checkpoint.read(&scales, s)?,
-                    checkpoint.read(&biases, s)?,
-                ),
-            };
-        let local = AffineWeight::new(weight, scales, biases, group_size, bits)
-            .map_err(|e| malformed(checkpoint, name, &e.to_string()))?;
         Self::from_local(local, comm, global)
     }
 
@@ -289,55 +198,12 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
 }
 
 /// The four tensors a checkpoint stores for a quantized field `w` (what
-/// [`QuantizedArray::read_checkpoint`] reads back): `w` (the packed
+/// a checkpoint's weight source reads back): `w` (the packed
 /// values), `w.scales`, `w.biases` and `w.quantization` (`uint32`
 /// `[group_size, bits]`), in that order.
 pub fn checkpoint_tensors(full: AffineWeight) -> [Array; 4] {
     let quantization = Array::from_slice(&[full.group_size as u32, full.bits as u32], &[2]);
     [full.weight, full.scales, full.biases, quantization]
-}
-
-fn logical(shape: &[i32]) -> Option<[usize; 2]> {
-    match *shape {
-        [rows, columns] => Some([usize::try_from(rows).ok()?, usize::try_from(columns).ok()?]),
-        _ => None,
-    }
-}
-
-fn malformed(checkpoint: &Checkpoint, name: &str, why: &str) -> Error {
-    Error::Checkpoint {
-        path: checkpoint.path().display().to_string(),
-        message: format!("quantized weight `{name}`: {why}"),
-    }
-}
-
-/// `(group_size, bits)` from the field's `.quantization` tensor.
-fn stored_quantization(checkpoint: &Checkpoint, name: &str, s: &Stream) -> Result<(usize, usize)> {
-    let key = format!("{name}.quantization");
-    let info = checkpoint.info(&key)?;
-    if info.dtype != Dtype::Uint32 || info.shape != [2] {
-        return Err(malformed(
-            checkpoint,
-            name,
-            &format!(
-                "`{key}` is {:?} {:?}; it is uint32 [group_size, bits]",
-                info.dtype, info.shape
-            ),
-        ));
-    }
-    let stored = checkpoint.read(&key, s)?;
-    let values = stored
-        .evaluated()?
-        .try_to_vec::<u32>()
-        .map_err(|e| malformed(checkpoint, name, &format!("`{key}`: {e}")))?;
-    match values.as_slice() {
-        &[group_size, bits] => Ok((group_size as usize, bits as usize)),
-        _ => Err(malformed(
-            checkpoint,
-            name,
-            &format!("`{key}` does not hold 2 values"),
-        )),
-    }
 }
 
 impl FieldLayout {

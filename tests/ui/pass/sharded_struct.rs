@@ -36,5 +36,5 @@ struct QuantizedMlp {
 fn main() {
     let _ = (Attention::from_full, Attention::gather_full, Attention::layout);
     let _ = (Static::<2>::from_full, OnFour::from_full);
-    let _ = (QuantizedMlp::from_checkpoint, QuantizedMlp::gather_full);
+    let _ = (QuantizedMlp::load_fields, QuantizedMlp::gather_full);
 }

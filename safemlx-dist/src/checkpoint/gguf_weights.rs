@@ -1,0 +1,274 @@
+//! A GGUF file's tensors under Hugging Face names (llama.cpp's names
+//! mapped, q/k rows put back in order): the [`TensorSource`] a GGUF model
+//! loads through.
+
+use std::path::Path;
+
+use safemlx::{Array, Stream};
+
+use super::{GgmlType, GgufFile, TensorSource};
+use crate::error::{Error, Result};
+use crate::quantized::AffineWeight;
+
+/// A GGUF file's tensors under Hugging Face names, dequantized to
+/// `float32`.
+///
+/// llama.cpp stores the q and k projections of `llama` models with each
+/// head's rows reordered for its interleaved RoPE (row `2j + i` of a head
+/// is row `i * head_dim / 2 + j` of the original); they are put back on
+/// read, so the weights equal the original model's and the same
+/// `rotate_half` RoPE applies.
+#[derive(Debug)]
+pub struct GgufWeights {
+    file: GgufFile,
+    /// (query heads, KV heads, head_dim) when q and k rows are reordered.
+    permuted: Option<(usize, usize, usize)>,
+}
+
+impl GgufWeights {
+    /// Wraps `file`; `permuted` gives (query heads, KV heads, head_dim)
+    /// when its q/k rows are in llama.cpp's RoPE order (`llama` models).
+    pub fn new(file: GgufFile, permuted: Option<(usize, usize, usize)>) -> Self {
+        Self { file, permuted }
+    }
+
+    /// The GGUF file.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// llama.cpp's name of the Hugging Face tensor `name`.
+    pub fn gguf_name(name: &str) -> Option<String> {
+        const TOP: [(&str, &str); 3] = [
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"),
+        ];
+        const LAYER: [(&str, &str); 11] = [
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+            ("self_attn.q_proj", "attn_q"),
+            ("self_attn.k_proj", "attn_k"),
+            ("self_attn.v_proj", "attn_v"),
+            ("self_attn.o_proj", "attn_output"),
+            ("self_attn.q_norm", "attn_q_norm"),
+            ("self_attn.k_norm", "attn_k_norm"),
+            ("mlp.gate_proj", "ffn_gate"),
+            ("mlp.up_proj", "ffn_up"),
+            ("mlp.down_proj", "ffn_down"),
+        ];
+        if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == name) {
+            return Some((*g).to_owned());
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        layer.parse::<usize>().ok()?;
+        let (module, suffix) = rest.rsplit_once('.')?;
+        let (_, g) = LAYER.iter().find(|(h, _)| *h == module)?;
+        Some(format!("blk.{layer}.{g}.{suffix}"))
+    }
+
+    fn name(&self, name: &str) -> Result<String> {
+        Self::gguf_name(name).ok_or_else(|| Error::Checkpoint {
+            path: self.file.path().display().to_string(),
+            message: format!("has no GGUF name for tensor `{name}`"),
+        })
+    }
+
+    /// Checks that `ranges` of a reordered q/k tensor are whole heads.
+    fn whole_heads(&self, name: &str, ranges: &[(usize, usize)], head_dim: usize) -> Result<()> {
+        if ranges
+            .iter()
+            .any(|&(first, count)| first % head_dim != 0 || count % head_dim != 0)
+        {
+            return Err(Error::Checkpoint {
+                path: self.file.path().display().to_string(),
+                message: format!("tensor `{name}` is read by whole heads of {head_dim} rows; rows {ranges:?} were asked for"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Heads of the q or k tensor `name` whose rows are reordered.
+    fn permuted_heads(&self, name: &str) -> Option<(usize, usize)> {
+        let (heads, kv_heads, head_dim) = self.permuted?;
+        if name.ends_with("self_attn.q_proj.weight") {
+            Some((heads, head_dim))
+        } else if name.ends_with("self_attn.k_proj.weight") {
+            Some((kv_heads, head_dim))
+        } else {
+            None
+        }
+    }
+}
+
+impl TensorSource for GgufWeights {
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+    fn contains(&self, name: &str) -> bool {
+        Self::gguf_name(name).is_some_and(|g| self.file.tensors().contains_key(&g))
+    }
+    fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        Ok(self.file.tensor(&self.name(name)?)?.shape.clone())
+    }
+    fn read(&self, name: &str, s: &Stream) -> Result<Array> {
+        let rows = self.shape(name)?.first().copied().unwrap_or(0) as usize;
+        self.read_rows(name, &[(0, rows)], s)
+    }
+    fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        let rows = self.file.read_rows(&self.name(name)?, ranges, s)?;
+        let Some((_, head_dim)) = self.permuted_heads(name) else {
+            return Ok(rows);
+        };
+        self.whole_heads(name, ranges, head_dim)?;
+        unpermute_rows(&rows, head_dim, s)
+    }
+    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+        TensorSource::quantization(&self.file, &Self::gguf_name(name)?)
+    }
+    fn read_quantized_rows(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        let rows = self
+            .file
+            .read_quantized_rows(&self.name(name)?, ranges, s)?;
+        let Some((_, head_dim)) = self.permuted_heads(name) else {
+            return Ok(rows);
+        };
+        self.whole_heads(name, ranges, head_dim)?;
+        // Every array is row-wise: put each head's rows back in order.
+        let unpermute = |a: &Array| -> Result<Array> { unpermute_rows(a, head_dim, s) };
+        Ok(AffineWeight {
+            weight: unpermute(&rows.weight)?,
+            scales: unpermute(&rows.scales)?,
+            biases: unpermute(&rows.biases)?,
+            ..rows
+        })
+    }
+    fn read_quantized_groups(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        if self.permuted_heads(name).is_some() {
+            return Err(Error::Checkpoint {
+                path: self.file.path().display().to_string(),
+                message: format!("tensor `{name}` is read by rows (heads), not groups"),
+            });
+        }
+        self.file
+            .read_quantized_groups(&self.name(name)?, ranges, s)
+    }
+    fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        if self.permuted_heads(name).is_some() {
+            return Err(Error::Checkpoint {
+                path: self.file.path().display().to_string(),
+                message: format!("tensor `{name}` is read by rows (heads), not columns"),
+            });
+        }
+        self.file.read_columns(&self.name(name)?, ranges, s)
+    }
+    fn bytes_read(&self) -> u64 {
+        self.file.bytes_read()
+    }
+    fn stored_name(&self, name: &str) -> String {
+        Self::gguf_name(name).unwrap_or_else(|| name.to_owned())
+    }
+}
+
+/// A GGUF file's tensors under the file's own names
+/// (`blk.0.attn_q.weight`): 2-D `Q8_0`, `Q4_0` and `Q4_1` tensors stay
+/// quantized (MLX affine, groups of 32), the others read as `float32`.
+impl TensorSource for GgufFile {
+    fn path(&self) -> &Path {
+        GgufFile::path(self)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.tensors().contains_key(name)
+    }
+    fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        Ok(self.tensor(name)?.shape.clone())
+    }
+    fn read(&self, name: &str, s: &Stream) -> Result<Array> {
+        GgufFile::read(self, name, s)
+    }
+    fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        GgufFile::read_rows(self, name, ranges, s)
+    }
+    fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        GgufFile::read_columns(self, name, ranges, s)
+    }
+    fn bytes_read(&self) -> u64 {
+        GgufFile::bytes_read(self)
+    }
+    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+        let t = self.tensor(name).ok()?;
+        let bits = match t.kind {
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4_0 | GgmlType::Q4_1 => 4,
+            _ => return None,
+        };
+        (t.shape.len() == 2).then_some((32, bits))
+    }
+    fn read_quantized_rows(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        GgufFile::read_quantized_rows(self, name, ranges, s)
+    }
+    fn read_quantized_groups(
+        &self,
+        name: &str,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<AffineWeight> {
+        GgufFile::read_quantized_groups(self, name, ranges, s)
+    }
+}
+
+/// The rows of whole heads of `head_dim` rows in `rotate_half` order again:
+/// `[heads, hd/2, 2, W] -> [heads, 2, hd/2, W]`.
+fn unpermute_rows(rows: &Array, head_dim: usize, s: &Stream) -> Result<Array> {
+    let shape = rows.shape().to_vec();
+    let heads = shape[0] / head_dim as i32;
+    let half = head_dim as i32 / 2;
+    Ok(rows
+        .reshape(&[heads, half, 2, shape[1]], s)?
+        .transpose_axes(&[0, 2, 1, 3], s)?
+        .reshape(&shape, s)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GgufWeights;
+
+    #[test]
+    fn hugging_face_names_map_to_llama_cpp_names() {
+        let g = |n| GgufWeights::gguf_name(n);
+        assert_eq!(
+            g("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
+        assert_eq!(
+            g("model.layers.12.self_attn.o_proj.weight").as_deref(),
+            Some("blk.12.attn_output.weight")
+        );
+        assert_eq!(
+            g("model.layers.0.self_attn.q_proj.bias").as_deref(),
+            Some("blk.0.attn_q.bias")
+        );
+        assert_eq!(
+            g("model.layers.3.post_attention_layernorm.weight").as_deref(),
+            Some("blk.3.ffn_norm.weight")
+        );
+        assert_eq!(g("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(g("something.else"), None);
+    }
+}
