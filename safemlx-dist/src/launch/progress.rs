@@ -4,6 +4,10 @@
 //! directory (see `SAFEMLX_DIST_PROGRESS_DIR`): `entered OP SEQ ...`, or
 //! `waits OP SEQ ...` when its wait timed out. A rank that is stopped or
 //! dead cannot say it is behind, but its file still says where it was.
+//! A rank enters a collective when it builds it, before it runs it, so a
+//! rank stopped while its step runs has entered what its peers wait in:
+//! its heartbeat, `alive-R` (Unix milliseconds, written four times a
+//! second by a thread of its own), tells it apart.
 
 use std::path::{Path, PathBuf};
 
@@ -43,10 +47,57 @@ impl ProgressDir {
             .collect()
     }
 
+    /// Each rank's silence: milliseconds since its last heartbeat (`None`:
+    /// it never wrote one).
+    fn silences(&self, ranks: usize) -> Vec<Option<u64>> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        (0..ranks)
+            .map(|r| {
+                let text = std::fs::read_to_string(self.path.join(format!("alive-{r}"))).ok()?;
+                let at: u128 = text.trim().parse().ok()?;
+                Some(u64::try_from(now.saturating_sub(at)).unwrap_or(u64::MAX))
+            })
+            .collect()
+    }
+
     /// What the ranks' files say, as a sentence; `None` when no rank
-    /// entered a collective.
+    /// entered a collective or wrote a heartbeat.
     pub(crate) fn diagnose(&self, ranks: usize) -> Option<String> {
-        diagnose(&self.records(ranks))
+        let records = self.records(ranks);
+        let silent = silent(&self.silences(ranks));
+        let sentence = diagnose(&records);
+        let latest = records.iter().flatten().max_by_key(|r| r.seq);
+        let some_behind = latest.is_some_and(|latest| {
+            records
+                .iter()
+                .any(|r| r.as_ref().is_none_or(|r| r.seq < latest.seq))
+        });
+        if silent.is_empty() {
+            let silences = self.silences(ranks);
+            let all_alive = silences.iter().all(|s| s.is_some_and(|ms| ms < SILENT_MS));
+            return match (sentence, latest) {
+                (Some(s), _) if all_alive && some_behind => Some(format!(
+                    "{s}; every rank shows signs of life (none is stopped)"
+                )),
+                (Some(_), Some(latest)) if all_alive => Some(format!(
+                    "every rank shows signs of life and entered {} #{} (a slow run, or a transport problem; none is stopped)",
+                    latest.op, latest.seq
+                )),
+                (other, _) => other,
+            };
+        }
+        match sentence {
+            // The records name who is behind; say who of them is silent.
+            Some(sentence) if some_behind => {
+                let quiet: Vec<String> = silent.iter().map(|&(r, ms)| silence(r, ms)).collect();
+                Some(format!("{sentence}; {}", quiet.join("; ")))
+            }
+            // Every rank entered the same collective: the silence says who.
+            _ => Some(name_silent(&silent, &records)),
+        }
     }
 
     /// Whether some rank's collective timed out (its file says `waits`).
@@ -81,6 +132,64 @@ impl Record {
         let seq = words.next()?.parse().ok()?;
         Some(Self { waits, op, seq })
     }
+}
+
+/// A heartbeat older than this means the rank is stopped or stuck whole
+/// (it is written every 250 ms).
+const SILENT_MS: u64 = 1500;
+
+/// The ranks that show no sign of life, with their silence (`None`: never
+/// a heartbeat), when some other rank shows one; none otherwise (no
+/// heartbeats at all: ranks of another program, or files not written).
+fn silent(silences: &[Option<u64>]) -> Vec<(usize, Option<u64>)> {
+    let alive = silences.iter().flatten().any(|&ms| ms < SILENT_MS);
+    if !alive {
+        return Vec::new();
+    }
+    silences
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_none_or(|ms| ms >= SILENT_MS))
+        .map(|(r, &s)| (r, s))
+        .collect()
+}
+
+/// The sentence naming the silent ranks, where each was, and what the
+/// others wait in.
+fn name_silent(silent: &[(usize, Option<u64>)], records: &[Option<Record>]) -> String {
+    let each: Vec<String> = silent
+        .iter()
+        .map(|&(r, ms)| {
+            let at = match &records[r] {
+                Some(rec) => format!("it last entered {} #{}", rec.op, rec.seq),
+                None => "it entered no collective".to_owned(),
+            };
+            format!("{}; {at}", silence(r, ms))
+        })
+        .collect();
+    let quiet: Vec<usize> = silent.iter().map(|s| s.0).collect();
+    let others: Vec<usize> = (0..records.len()).filter(|r| !quiet.contains(r)).collect();
+    let verb = if others.len() == 1 { "waits" } else { "wait" };
+    let waiting = records
+        .iter()
+        .enumerate()
+        .filter(|(r, _)| others.contains(r))
+        .filter_map(|(_, rec)| rec.as_ref())
+        .max_by_key(|rec| rec.seq)
+        .map_or_else(
+            || format!("{verb} to join the group"),
+            |rec| format!("{verb} in {} #{}", rec.op, rec.seq),
+        );
+    format!("{}; {} {waiting}", each.join("; "), list(&others))
+}
+
+/// `rank R shows no sign of life for S s (stopped, or stuck whole)`.
+fn silence(rank: usize, ms: Option<u64>) -> String {
+    let since = ms.map_or_else(
+        || "since it started".to_owned(),
+        |ms| format!("for {:.1} s", ms as f64 / 1000.0),
+    );
+    format!("rank {rank} shows no sign of life {since} (stopped, or stuck whole)")
 }
 
 fn list(ranks: &[usize]) -> String {
@@ -166,5 +275,26 @@ mod tests {
             .unwrap()
             .starts_with("every rank entered all_sum #3 and none completed it"));
         assert_eq!(diagnose(&[None, None]), None);
+    }
+
+    #[test]
+    fn a_rank_without_a_heartbeat_is_named_as_silent() {
+        // Rank 1 stopped while its step ran: it entered what rank 0 waits in.
+        let records = [rec(true, "all_gather", 187), rec(false, "all_gather", 187)];
+        let quiet = silent(&[Some(40), Some(3200)]);
+        assert_eq!(quiet, [(1, Some(3200))]);
+        assert_eq!(
+            name_silent(&quiet, &records),
+            "rank 1 shows no sign of life for 3.2 s (stopped, or stuck whole); it last entered all_gather #187; rank 0 waits in all_gather #187"
+        );
+        // Stopped before it joined: no heartbeat, no record.
+        let quiet = silent(&[Some(100), None, Some(90)]);
+        assert_eq!(
+            name_silent(&quiet, &[None, None, None]),
+            "rank 1 shows no sign of life since it started (stopped, or stuck whole); it entered no collective; ranks 0, 2 wait to join the group"
+        );
+        // Every rank alive (a slow run), or no heartbeats at all: nobody.
+        assert!(silent(&[Some(10), Some(200)]).is_empty());
+        assert!(silent(&[None, None]).is_empty());
     }
 }

@@ -29,16 +29,19 @@ use crate::error::Result;
 /// ranks, the wait is bounded by `SAFEMLX_DIST_TIMEOUT` seconds (default
 /// 600): past it, the rank prints the collective it waits in (`all_sum
 /// #38 (group of 4, [1, 576] Float32)`) and exits with status 124, since a
-/// peer that never joins would otherwise hold every rank forever.
+/// peer that never joins would otherwise hold every rank forever. A thread
+/// of its own enforces it, so it holds wherever this thread is blocked,
+/// inside MLX included.
 ///
 /// While [`grad::value_and_grad`](crate::grad::value_and_grad) traces
 /// (an MoE reads its routing counts then), MLX allows only its own
-/// blocking evaluation, which this then uses: it waits with MLX's spin and
-/// without the timeout (the launcher's `--timeout` still bounds the run).
+/// blocking evaluation, which this then uses: it waits with MLX's spin,
+/// bounded by the same timeout.
 ///
 /// # Errors
 /// What the evaluation raised (e.g. a collective's transport error).
 pub fn eval(arrays: &[&Array]) -> Result<()> {
+    let _waiting = super::deadline::waiting();
     if crate::grad::is_tracing() {
         // MLX refuses an asynchronous evaluation inside a transformation.
         safemlx::transforms::eval(arrays.iter().copied())?;

@@ -106,8 +106,16 @@ impl Group {
         crate::launch::watch_launcher();
         let lowering = Lowering::from_env()?;
         super::progress::timeout_from_env()?;
+        if launched_as_rank() {
+            // Joining waits on the peers: bounded, and seen by the launcher.
+            super::progress::starting();
+            super::deadline::watch();
+        }
         // MPI sets variables of its own here; children must not inherit them.
-        let native = super::backend_env::recording(|| native::init(strict, backend.native_name()));
+        let native = {
+            let _joining = super::deadline::joining();
+            super::backend_env::recording(|| native::init(strict, backend.native_name()))
+        };
         let group = Self::from_native(native?, backend, lowering)?;
         super::progress::joined(group.rank, group.size);
         group.agree_on_lowering()?;
@@ -221,4 +229,19 @@ impl fmt::Debug for Group {
 /// Initialises and owns this process's group; see [`Group::init`].
 pub fn init(strict: bool, backend: Backend) -> Result<Group> {
     Group::init(strict, backend)
+}
+
+/// Whether this process was started as one rank of several (a ring
+/// hostfile, an MPI job of several processes, or a launcher's progress
+/// directory), so that joining its group waits on peers.
+fn launched_as_rank() -> bool {
+    let several = |key: &str| {
+        std::env::var(key)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_some_and(|n| n > 1)
+    };
+    std::env::var_os("MLX_HOSTFILE").is_some()
+        || std::env::var_os(super::PROGRESS_DIR_ENV).is_some()
+        || several("OMPI_COMM_WORLD_SIZE")
 }

@@ -5,6 +5,7 @@ mod backend;
 mod backend_env;
 mod collectives;
 mod composed;
+mod deadline;
 mod eval;
 mod exchange;
 mod group;

@@ -6,17 +6,23 @@
 //! the launcher can say which rank is behind even when that rank is stopped
 //! or dead and cannot speak for itself.
 //!
-//! [`eval`](crate::eval) waits at most `SAFEMLX_DIST_TIMEOUT` seconds (10
-//! minutes by default, as PyTorch's collectives) once the process has
-//! entered a collective of a group of several ranks; past it, the rank
-//! prints the collective it waits in and exits with status
-//! [`TIMEOUT_EXIT`].
+//! A wait on peers (an evaluation once the process has entered a
+//! collective of a group of several ranks, and joining a group) lasts at
+//! most `SAFEMLX_DIST_TIMEOUT` seconds (10 minutes by default, as
+//! PyTorch's collectives); past it, the rank prints what it waits in and
+//! exits with status [`TIMEOUT_EXIT`] (see `deadline.rs`, which watches
+//! from its own thread). That thread also writes a heartbeat, `alive-R`,
+//! so that the launcher can tell a rank that waits from one that is
+//! stopped.
+//!
+//! The state is the process's, not a thread's: the watching thread reads
+//! what the computing thread entered.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use safemlx::Array;
@@ -57,15 +63,64 @@ impl Entered {
     }
 }
 
-#[derive(Default)]
 struct State {
     rank: Option<usize>,
     file: Option<File>,
+    /// The heartbeat file, `alive-R`.
+    alive: Option<File>,
     last: Option<Entered>,
 }
 
-thread_local! {
-    static STATE: RefCell<State> = RefCell::default();
+static STATE: Mutex<State> = Mutex::new(State {
+    rank: None,
+    file: None,
+    alive: None,
+    last: None,
+});
+
+/// The state (a panic elsewhere leaves it valid: every write is whole).
+fn state() -> MutexGuard<'static, State> {
+    STATE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This process's rank as its launcher set it (`MLX_RANK` for ring, Open
+/// MPI's `OMPI_COMM_WORLD_RANK`), before it joins its group.
+fn rank_from_env() -> Option<usize> {
+    ["MLX_RANK", "OMPI_COMM_WORLD_RANK"]
+        .iter()
+        .find_map(|key| std::env::var(key).ok()?.trim().parse().ok())
+}
+
+/// Opens the heartbeat file of `rank` (once) when the launcher asked for
+/// progress files.
+fn open_alive(state: &mut State, rank: usize) {
+    if state.alive.is_some() {
+        return;
+    }
+    if let Some(dir) = std::env::var_os(PROGRESS_DIR_ENV) {
+        state.alive = File::create(PathBuf::from(dir).join(format!("alive-{rank}"))).ok();
+    }
+}
+
+/// Before joining a group: the heartbeat, under the rank the launcher gave.
+pub(crate) fn starting() {
+    if let Some(rank) = rank_from_env() {
+        open_alive(&mut state(), rank);
+    }
+}
+
+/// Writes the heartbeat: the time (Unix milliseconds), rewritten in place.
+pub(crate) fn heartbeat() {
+    let state = state();
+    if let Some(file) = &state.alive {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let _ = file.write_at(format!("{now:>20}\n").as_bytes(), 0);
+    }
 }
 
 /// The timeout of `SAFEMLX_DIST_TIMEOUT`, checked.
@@ -96,8 +151,8 @@ pub(crate) fn joined(rank: usize, size: usize) {
     if size < 2 {
         return;
     }
-    STATE.with(|state| {
-        let mut state = state.borrow_mut();
+    {
+        let mut state = state();
         if state.rank.is_some() {
             return;
         }
@@ -106,7 +161,10 @@ pub(crate) fn joined(rank: usize, size: usize) {
             let path = PathBuf::from(dir).join(format!("rank-{rank}"));
             state.file = File::create(path).ok();
         }
-    });
+        open_alive(&mut state, rank);
+    }
+    heartbeat();
+    super::deadline::watch();
 }
 
 /// Counts a collective `op` of a group of `group_size` on `input`: its
@@ -115,8 +173,8 @@ pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array
     if group_size < 2 {
         return;
     }
-    STATE.with(|state| {
-        let mut state = state.borrow_mut();
+    {
+        let mut state = state();
         let entered = Entered {
             op,
             seq,
@@ -134,7 +192,7 @@ pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array
             ),
         );
         state.last = Some(entered);
-    });
+    }
 }
 
 fn write(state: &State, line: &str) {
@@ -147,14 +205,14 @@ fn write(state: &State, line: &str) {
 
 /// Whether waits are bounded: a collective of several ranks was entered.
 pub(crate) fn bounded() -> bool {
-    STATE.with(|state| state.borrow().last.is_some())
+    state().last.is_some()
 }
 
 /// The wait passed the timeout: says which collective it was in (on
 /// stderr and in the progress file) and ends the process.
 pub(crate) fn expire(timeout: Duration) -> ! {
-    let (rank, last) = STATE.with(|state| {
-        let state = state.borrow();
+    let (rank, last) = {
+        let state = state();
         if let Some(last) = &state.last {
             write(
                 &state,
@@ -162,12 +220,12 @@ pub(crate) fn expire(timeout: Duration) -> ! {
             );
         }
         (state.rank, state.last.clone())
-    });
+    };
     let hint = match &last {
         Some(l) if l.op == AGREEMENT => format!(
             " (every rank checks at init that all read the same {}; ranks of another program, such as MLX Python, do not: set {}=native on every rank)",
-            crate::LOWERING_ENV,
-            crate::LOWERING_ENV
+            super::LOWERING_ENV,
+            super::LOWERING_ENV
         ),
         _ => String::new(),
     };
@@ -178,6 +236,32 @@ pub(crate) fn expire(timeout: Duration) -> ! {
         rank.map_or("?".to_owned(), |r| r.to_string()),
         timeout.as_secs_f64()
     );
+    leave(&line)
+}
+
+/// Joining the group passed the timeout: says so and ends the process.
+pub(crate) fn expire_joining(timeout: Duration) -> ! {
+    let rank = rank_from_env().map_or("?".to_owned(), |r| r.to_string());
+    {
+        let state = state();
+        write(&state, "waits joining 0 its group");
+    }
+    let line = format!(
+        "safemlx-dist: rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run. Exiting with status {TIMEOUT_EXIT}; set {TIMEOUT_ENV} (seconds) to wait longer\n",
+        timeout.as_secs_f64()
+    );
+    leave(&line)
+}
+
+/// Prints `line` and exits with [`TIMEOUT_EXIT`]; once: a second thread
+/// that finds the same wait expired waits for the first one's exit.
+fn leave(line: &str) -> ! {
+    static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if LEAVING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     let _ = std::io::stderr().write_all(line.as_bytes());
     // The launcher reads every rank's progress when the first one times
     // out (it polls every 20 ms); give it that moment before the run is
