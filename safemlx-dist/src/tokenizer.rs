@@ -11,7 +11,7 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::AddedToken;
 
-use crate::checkpoint::{GgufFile, GgufValue};
+use crate::checkpoint::{read_text, GgufFile, GgufValue};
 use crate::error::{Error, Result};
 
 /// A tokenizer and, when the model has one, its chat template.
@@ -43,17 +43,26 @@ impl Tokenizer {
     /// A missing or invalid `tokenizer.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        let text = read_text(&path, "tokenizer JSON")?;
+        let inner: tokenizers::Tokenizer = text
+            .parse()
             .map_err(|e| model_error(&path, format!("cannot read the tokenizer: {e}")))?;
-        let config: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-            .ok()
+        // Optional files: absent is fine; present, they must be regular
+        // files (a FIFO would hang the read).
+        let optional = |name: &str| -> Result<Option<String>> {
+            let path = dir.join(name);
+            match std::fs::symlink_metadata(&path) {
+                Err(_) => Ok(None),
+                Ok(_) => read_text(&path, name).map(Some),
+            }
+        };
+        let config: serde_json::Value = optional("tokenizer_config.json")?
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or_default();
-        let chat_template = config
-            .get("chat_template")
-            .and_then(|t| t.as_str())
-            .map(str::to_owned)
-            .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        let chat_template = match config.get("chat_template").and_then(|t| t.as_str()) {
+            Some(template) => Some(template.to_owned()),
+            None => optional("chat_template.jinja")?,
+        };
         let token = |key: &str| -> Option<String> {
             match config.get(key)? {
                 serde_json::Value::String(s) => Some(s.clone()),

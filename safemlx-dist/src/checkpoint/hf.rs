@@ -8,7 +8,7 @@ use safemlx::{Array, Stream};
 use serde_json::Value;
 
 use super::affine::{Affine, Stored};
-use super::{Checkpoint, TensorInfo, TensorSource};
+use super::{read_text, Checkpoint, TensorInfo, TensorSource};
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 
@@ -42,12 +42,13 @@ impl HfDirectory {
             message,
         };
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| {
-            fail(
+        if !config_path.exists() {
+            return Err(fail(
                 &config_path,
-                format!("cannot read it ({e}); a Hugging Face model directory has a config.json"),
-            )
-        })?;
+                "does not exist; a Hugging Face model directory has a config.json".to_owned(),
+            ));
+        }
+        let text = read_text(&config_path, "JSON")?;
         let config: Value = serde_json::from_str(&text)
             .map_err(|e| fail(&config_path, format!("is not valid JSON ({e})")))?;
         if !config.is_object() {
@@ -58,8 +59,7 @@ impl HfDirectory {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
-                .map_err(|e| fail(&index_path, format!("cannot read it ({e})")))?;
+            let text = read_text(&index_path, "JSON")?;
             let index: Value = serde_json::from_str(&text)
                 .map_err(|e| fail(&index_path, format!("is not valid JSON ({e})")))?;
             let map = index

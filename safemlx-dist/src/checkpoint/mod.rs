@@ -99,3 +99,19 @@ pub(crate) fn open_regular(path: &Path, format: &str) -> Result<(File, u64)> {
         .len();
     Ok((file, len))
 }
+
+/// The text of `path` if it is a regular file (a FIFO would block the
+/// read forever; refused before it is opened). `format` names what was
+/// expected, for the message.
+///
+/// # Errors
+/// A missing file, one that is not regular (named: a FIFO, a directory,
+/// ...), or a failed read.
+pub(crate) fn read_text(path: &Path, format: &str) -> Result<String> {
+    use std::io::Read;
+    let (mut file, _) = open_regular(path, format)?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| io_error(path, "cannot read it", &e))?;
+    Ok(text)
+}
