@@ -123,13 +123,33 @@ fn damaged_dir(case: &str, tag: &str, edit: impl FnOnce(&Path)) -> PathBuf {
 }
 
 fn load_error(dir: &Path) -> String {
-    let group = safemlx_dist::init(false, Backend::Any).unwrap();
+    // Ring: no MPI_Init, which another test of this binary may be running.
+    let group = safemlx_dist::init(false, Backend::Ring).unwrap();
     let error = HfDirectory::open(dir)
         .and_then(|d| Llama::from_hf(&group, &d, &cpu()))
         .expect_err("a damaged model")
         .to_string();
     std::fs::remove_dir_all(dir).ok();
     error.replace(&dir.display().to_string(), "DIR")
+}
+
+/// Float bytes a safetensors header labels `I32` are refused where a
+/// layer reads them as float weights, instead of being converted.
+#[test]
+fn a_weight_labelled_as_integers_is_refused() {
+    let dir = damaged_dir("llama-tied-kv3", "i32", |d| {
+        let path = d.join("model.safetensors");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let key = br#""model.layers.0.self_attn.q_proj.weight":{"dtype":"F32""#;
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+        // Same length: the header's size and offsets stay as they are.
+        bytes[at + key.len() - 4..at + key.len() - 1].copy_from_slice(b"I32");
+        std::fs::write(path, bytes).unwrap();
+    });
+    assert_eq!(
+        load_error(&dir),
+        "model DIR: tensor `model.layers.0.self_attn.q_proj.weight` is stored as I32 but is read as float weights: a weight is F32, F16 or BF16 (U32 only for a quantized weight beside its scales and biases)"
+    );
 }
 
 #[test]

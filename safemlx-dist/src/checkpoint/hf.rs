@@ -42,10 +42,10 @@ impl HfDirectory {
             message,
         };
         let config_path = dir.join("config.json");
-        if !config_path.exists() {
+        if let Err(e) = std::fs::metadata(&config_path) {
             return Err(fail(
                 &config_path,
-                "does not exist; a Hugging Face model directory has a config.json".to_owned(),
+                format!("cannot read it ({e}); a Hugging Face model directory has a config.json"),
             ));
         }
         let text = read_text(&config_path, "JSON")?;
@@ -312,6 +312,12 @@ impl TensorSource for HfDirectory {
     }
     fn quantization(&self, name: &str) -> Option<(usize, usize)> {
         self.affine(name).map(|a| (a.group_size, a.bits))
+    }
+    fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
+        match self.affine(name) {
+            Some(_) => None,
+            None => self.info(name).ok().map(|i| i.dtype),
+        }
     }
     fn read_quantized_rows(
         &self,

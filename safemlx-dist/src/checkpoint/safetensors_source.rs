@@ -110,6 +110,12 @@ impl TensorSource for Checkpoint {
     fn quantization(&self, name: &str) -> Option<(usize, usize)> {
         self.affine(name).map(|a| (a.group_size, a.bits))
     }
+    fn stored_dtype(&self, name: &str) -> Option<Dtype> {
+        match self.affine(name) {
+            Some(_) => None,
+            None => self.info(name).ok().map(|i| i.dtype),
+        }
+    }
     fn read_quantized_rows(
         &self,
         name: &str,

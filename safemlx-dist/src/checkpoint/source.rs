@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use safemlx::{Array, Stream};
+use safemlx::{Array, Dtype, Stream};
 
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
@@ -74,6 +74,14 @@ pub trait TensorSource: std::fmt::Debug {
     }
     /// Tensor bytes read so far.
     fn bytes_read(&self) -> u64;
+    /// The dtype the file says tensor `name` holds (a safetensors header's
+    /// label), so that a float read can refuse bytes labelled as integers;
+    /// `None` where the reads themselves give floats (a quantized tensor,
+    /// GGUF's types).
+    fn stored_dtype(&self, name: &str) -> Option<Dtype> {
+        let _ = name;
+        None
+    }
     /// The name the file itself gives tensor `name` (GGUF's
     /// `blk.0.attn_q.weight` for `model.layers.0.self_attn.q_proj.weight`),
     /// for messages.
@@ -165,6 +173,9 @@ impl TensorSource for Dequantized<'_> {
     }
     fn stored_name(&self, name: &str) -> String {
         self.0.stored_name(name)
+    }
+    fn stored_dtype(&self, name: &str) -> Option<Dtype> {
+        self.0.stored_dtype(name)
     }
 }
 

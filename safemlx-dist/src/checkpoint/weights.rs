@@ -143,18 +143,45 @@ impl<'a, C: Collective> Weights<'a, C> {
         if same {
             return Ok(());
         }
-        let stored = self.source.stored_name(&full);
-        let named = if stored == full {
-            format!("`{full}`")
-        } else {
-            format!("`{stored}` ({full})")
-        };
         Err(Error::Model {
             path: self.source.path().display().to_string(),
             message: format!(
-                "tensor {named} has shape {shape:?} but the configuration gives {want:?}"
+                "tensor {} has shape {shape:?} but the configuration gives {want:?}",
+                self.named(&full)
             ),
         })
+    }
+
+    /// The tensor `full` as its file names it, with its model name beside
+    /// it when they differ.
+    fn named(&self, full: &str) -> String {
+        let stored = self.source.stored_name(full);
+        if stored == full {
+            format!("`{full}`")
+        } else {
+            format!("`{stored}` ({full})")
+        }
+    }
+
+    /// Checks that tensor `name`, read as float weights, is stored as
+    /// floats: a header that labels float bytes `I32` would otherwise turn
+    /// them into other numbers.
+    ///
+    /// # Errors
+    /// An integer or boolean dtype, named with the tensor.
+    fn float(&self, name: &str) -> Result<()> {
+        let full = self.name(name);
+        match self.source.stored_dtype(&full) {
+            Some(dtype) if !dtype.is_float() => Err(Error::Model {
+                path: self.source.path().display().to_string(),
+                message: format!(
+                    "tensor {} is stored as {} but is read as float weights: a weight is F32, F16 or BF16 (U32 only for a quantized weight beside its scales and biases)",
+                    self.named(&full),
+                    super::format::dtype_name(dtype).unwrap_or("an integer type")
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// This rank's part of tensor `name` of shape `shape`, laid out as `P`
@@ -189,6 +216,7 @@ impl<'a, C: Collective> Weights<'a, C> {
         if let Some(shape) = shape {
             self.check(name, shape)?;
         }
+        self.float(name)?;
         let full = self.name(name);
         let global = self.source.shape(&full)?;
         let Some(axis) = sharded_axis::<P>(&full, &global)? else {
@@ -208,6 +236,7 @@ impl<'a, C: Collective> Weights<'a, C> {
     /// Another shape, or a failed read.
     pub fn full(&self, name: &str, shape: &[usize], s: &Stream) -> Result<Array> {
         self.check(name, shape)?;
+        self.float(name)?;
         self.source.read(&self.name(name), s)
     }
 
@@ -225,6 +254,7 @@ impl<'a, C: Collective> Weights<'a, C> {
         s: &Stream,
     ) -> Result<Array> {
         self.check(name, shape)?;
+        self.float(name)?;
         self.source.read_rows(&self.name(name), ranges, s)
     }
 
@@ -240,6 +270,7 @@ impl<'a, C: Collective> Weights<'a, C> {
         s: &Stream,
     ) -> Result<Array> {
         self.check(name, shape)?;
+        self.float(name)?;
         self.source.read_columns(&self.name(name), ranges, s)
     }
 
