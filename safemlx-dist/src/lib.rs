@@ -56,7 +56,8 @@ pub use error::{AllToAllVError, Error, PeerRole, Result};
 pub use runtime::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, eval, init, is_available, recv, recv_like,
     send, sum_scatter, Backend, CollectiveProfile, CollectiveTime, Group, Lowering,
-    DEFAULT_TIMEOUT, LOWERING_ENV, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT,
+    DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, LOWERING_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV,
+    TIMEOUT_ENV, TIMEOUT_EXIT,
 };
 pub use typed::{
     Collective, Mesh, Partial, Placement, QuantizedArray, Ragged, Replicated, Sharded, ShardedArray,

@@ -62,7 +62,8 @@ fn late_rank() {
     println!("joined");
 }
 
-/// Launches 2 ranks of this test with `SAFEMLX_DIST_TIMEOUT=3` and the
+/// Launches 2 ranks of this test with `SAFEMLX_DIST_TIMEOUT=3` (joining:
+/// 3 s for the late rank, 60 otherwise) and the
 /// launcher's own `timeout` (90 s: a safety net); `stop` sees each stdout
 /// line and returns the pid to stop, once. Returns the exit code, stderr
 /// and the seconds from the stop (or the start) to the end.
@@ -78,6 +79,10 @@ fn run(
         .args([test, "--exact", "--nocapture"])
         .env(RANK_ENV, mode)
         .env("SAFEMLX_DIST_TIMEOUT", "3")
+        .env(
+            "SAFEMLX_DIST_JOIN_TIMEOUT",
+            if mode == "late" { "3" } else { "60" },
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

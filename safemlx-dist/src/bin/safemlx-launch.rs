@@ -16,8 +16,14 @@
 //! Exit status: 0 when every rank succeeded; 1 when a rank failed or the
 //! timeout passed (the message names the ranks); 2 for bad arguments, in
 //! which case nothing was started; 128 + N after signal N (SIGTERM,
-//! SIGINT), which is forwarded to every rank before the launcher exits.
+//! SIGINT), which is forwarded to every rank before the launcher exits;
+//! 141 (SIGPIPE's) when its stdout closed (`| head`), after stopping the
+//! ranks, quietly as `cat` does. The program, its arguments, `--env`
+//! values and `--hostfile` paths may be any bytes; they are passed on as
+//! they are.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -39,7 +45,33 @@ fn once<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), String> {
     Ok(())
 }
 
-fn parse(args: &[String]) -> Result<Launch, String> {
+/// An option's value as text: the options themselves are text, while the
+/// program, its arguments, `--env` values and `--hostfile` paths may be
+/// any bytes (they are passed on as they are).
+fn text(flag: &str, value: &OsStr) -> Result<String, String> {
+    value
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{flag} takes text, got {value:?}, which is not UTF-8"))
+}
+
+/// `--env KEY=VALUE`: the key is a variable name, the value any bytes.
+fn env_entry(entry: &OsStr) -> Result<(String, OsString), String> {
+    if let Some(entry) = entry.to_str() {
+        let (key, value) = parse_env(entry).map_err(|e| format!("--env {e}"))?;
+        return Ok((key, value.into()));
+    }
+    let bytes = entry.as_bytes();
+    let Some(at) = bytes.iter().position(|&b| b == b'=') else {
+        return Err(format!("--env {entry:?} is not KEY=VALUE"));
+    };
+    let key = text("--env", OsStr::from_bytes(&bytes[..at]))?;
+    // The key's rules are parse_env's; the value is passed on as it is.
+    let (key, _) = parse_env(&format!("{key}=")).map_err(|e| format!("--env {e}"))?;
+    Ok((key, OsStr::from_bytes(&bytes[at + 1..]).to_owned()))
+}
+
+fn parse(args: &[OsString]) -> Result<Launch, String> {
     let mut ranks = None;
     let mut backend = None;
     let mut hostfile = None;
@@ -50,13 +82,15 @@ fn parse(args: &[String]) -> Result<Launch, String> {
     let mut timeout = None;
     let mut i = 0;
     while i < args.len() {
-        let arg = args[i].as_str();
-        let mut value = |flag: &str| {
+        // A word that is not text is no option: the program.
+        let Some(arg) = args[i].to_str() else { break };
+        let mut raw = |flag: &str| {
             i += 1;
             args.get(i)
                 .cloned()
                 .ok_or_else(|| format!("{flag} needs a value"))
         };
+        let mut value = |flag: &str| text(flag, &raw(flag)?);
         match arg {
             "-n" | "--ranks" => {
                 let v = value(arg)?;
@@ -72,14 +106,14 @@ fn parse(args: &[String]) -> Result<Launch, String> {
                 once(&mut backend, "--backend", b)?;
             }
             "--hostfile" => {
-                let path = value(arg)?;
+                let path = std::path::PathBuf::from(raw(arg)?);
                 once(&mut hostfile, "--hostfile", path)?;
             }
             "--hosts" => {
                 let list = value(arg)?;
                 once(&mut hosts, "--hosts", list)?;
             }
-            "--env" => envs.push(parse_env(&value(arg)?).map_err(|e| format!("--env {e}"))?),
+            "--env" => envs.push(env_entry(&raw(arg)?)?),
             "--ssh" => {
                 let words: Vec<String> =
                     value(arg)?.split_whitespace().map(str::to_owned).collect();
@@ -134,7 +168,7 @@ fn parse(args: &[String]) -> Result<Launch, String> {
     };
     let mut ring_hostfile = None;
     if let Some(path) = hostfile {
-        match read_hostfile(std::path::Path::new(&path)).map_err(|e| e.to_string())? {
+        match read_hostfile(&path).map_err(|e| e.to_string())? {
             Hostfile::Ring => ring_hostfile = Some(path),
             Hostfile::Hosts(_) if list.is_some() => {
                 return Err("give --hosts or an mlx.launch --hostfile, not both".to_owned())
@@ -185,8 +219,7 @@ fn main() -> ExitCode {
     if raw.first().is_some_and(|a| a == "--agent") {
         return ExitCode::from(safemlx_dist::launch::agent::run(&raw[1..]));
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let launch = match parse(&args) {
+    let launch = match parse(&raw) {
         Ok(launch) => launch,
         Err(message) if message.is_empty() => {
             println!("{USAGE}");
@@ -199,6 +232,8 @@ fn main() -> ExitCode {
     };
     match launch.run() {
         Ok(_) => ExitCode::SUCCESS,
+        // Stdout closed (`| head`): quiet, as `cat`, with SIGPIPE's status.
+        Err(LaunchError::Interrupted { signal: 13, .. }) => ExitCode::from(141),
         Err(error @ LaunchError::Interrupted { signal, .. }) => {
             eprintln!("safemlx-launch: {error}");
             ExitCode::from(u8::try_from(128 + signal).unwrap_or(1))

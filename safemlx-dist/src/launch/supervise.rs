@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,6 +51,13 @@ pub(crate) enum Outcome {
     Interrupted { signal: i32 },
 }
 
+/// Set when this process's stdout is closed (its reader, such as `head`,
+/// went away): the run then ends as `cat` would, with SIGPIPE's status.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// SIGPIPE's number, what a run whose stdout closed reports.
+pub(crate) const SIGPIPE: i32 = 13;
+
 fn forward(
     label: usize,
     stream: impl Read + Send + 'static,
@@ -63,10 +70,23 @@ fn forward(
             if lines.is_empty() {
                 return;
             }
-            let text = lines.join("\n");
+            let text = lines.join("\n") + "\n";
             match sink {
-                Sink::Stdout => println!("{text}"),
-                Sink::Stderr => eprintln!("{text}"),
+                Sink::Stdout if !STDOUT_CLOSED.load(Ordering::Relaxed) => {
+                    let mut out = std::io::stdout().lock();
+                    if out
+                        .write_all(text.as_bytes())
+                        .and_then(|()| out.flush())
+                        .is_err()
+                    {
+                        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+                    }
+                }
+                // Closed: the rest is read (so no rank blocks) and dropped.
+                Sink::Stdout => {}
+                Sink::Stderr => {
+                    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+                }
             }
         };
         let mut reader = BufReader::new(stream);
@@ -169,7 +189,10 @@ pub(crate) fn supervise(
         if let Some((label, status)) = failed {
             break Outcome::Failed { label, status };
         }
-        let signal = interrupt.load(Ordering::Relaxed);
+        let mut signal = interrupt.load(Ordering::Relaxed);
+        if signal == 0 && STDOUT_CLOSED.load(Ordering::Relaxed) {
+            signal = SIGPIPE as usize;
+        }
         if signal != 0 {
             break Outcome::Interrupted {
                 signal: i32::try_from(signal).unwrap_or(0),
@@ -195,6 +218,10 @@ pub(crate) fn supervise(
     stop(&mut running);
     for forwarder in forwarders {
         let _ = forwarder.join();
+    }
+    // The ranks may have finished before their last line met the closed pipe.
+    if matches!(outcome, Outcome::Success) && STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return Ok(Outcome::Interrupted { signal: SIGPIPE });
     }
     Ok(outcome)
 }

@@ -6,8 +6,10 @@
 //! graph has) or in the backend's connection setup while the group is
 //! joined. So the waiting thread only marks when its wait began
 //! ([`waiting`], [`joining`]); a watch thread, started once per process
-//! when it becomes a rank of several, checks the mark every 100 ms against
-//! `SAFEMLX_DIST_TIMEOUT` and ends the process past it, saying what it
+//! when it becomes a rank of several, checks the mark every 125 ms against
+//! `SAFEMLX_DIST_TIMEOUT` (joining: `SAFEMLX_DIST_JOIN_TIMEOUT`, by default
+//! the same but at least a minute, since joining also waits for the
+//! slowest rank to start) and ends the process past it, saying what it
 //! waited in. The same thread writes the rank's heartbeat for the
 //! launcher four times a second.
 
@@ -60,19 +62,22 @@ pub(crate) fn watch() {
     static START: Once = Once::new();
     START.call_once(|| {
         epoch();
-        // Validated by `init` already; the default if it was not.
+        // Validated by `init` already; the defaults if they were not.
         let limit = progress::timeout_from_env().unwrap_or(progress::DEFAULT_TIMEOUT);
+        let join = progress::join_timeout_from_env()
+            .unwrap_or_else(|_| limit.max(progress::MIN_JOIN_TIMEOUT));
         let spawned = std::thread::Builder::new()
             .name("safemlx-dist-deadline".to_owned())
-            .spawn(move || watch_loop(limit));
+            .spawn(move || watch_loop(limit, join));
         if let Err(e) = spawned {
             eprintln!("safemlx-dist: cannot start the collective timeout's thread: {e}");
         }
     });
 }
 
-fn watch_loop(limit: Duration) {
-    let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+fn watch_loop(limit: Duration, join: Duration) {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let (limit_ms, join_ms) = (ms(limit), ms(join));
     let mut tick = 0u64;
     loop {
         if tick % 2 == 0 {
@@ -81,13 +86,15 @@ fn watch_loop(limit: Duration) {
         tick = tick.wrapping_add(1);
         std::thread::sleep(Duration::from_millis(125));
         let since = SINCE_MS.load(Ordering::Acquire);
-        if since == 0 || now_ms().saturating_sub(since) < limit_ms {
+        if since == 0 {
             continue;
         }
+        let waited = now_ms().saturating_sub(since);
         if JOINING.load(Ordering::Acquire) {
-            progress::expire_joining(limit);
-        }
-        if progress::bounded() {
+            if waited >= join_ms {
+                progress::expire_joining(join);
+            }
+        } else if waited >= limit_ms && progress::bounded() {
             progress::expire(limit);
         }
     }

@@ -106,6 +106,7 @@ impl Group {
         crate::launch::watch_launcher();
         let lowering = Lowering::from_env()?;
         super::progress::timeout_from_env()?;
+        super::progress::join_timeout_from_env()?;
         if launched_as_rank() {
             // Joining waits on the peers: bounded, and seen by the launcher.
             super::progress::starting();

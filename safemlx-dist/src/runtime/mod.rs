@@ -25,4 +25,7 @@ pub use group::{init, Group};
 pub use lowering::{Lowering, LOWERING_ENV};
 pub(crate) use native::{exit_immediately, identity_with_vjp, take_vjp_error};
 pub use profile::{CollectiveProfile, CollectiveTime};
-pub use progress::{DEFAULT_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT};
+pub use progress::{
+    DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV,
+    TIMEOUT_EXIT,
+};

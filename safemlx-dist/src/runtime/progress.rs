@@ -31,6 +31,12 @@ use crate::error::{Error, Result};
 
 /// Seconds a wait on a collective may last (default: 600).
 pub const TIMEOUT_ENV: &str = "SAFEMLX_DIST_TIMEOUT";
+/// Seconds joining a group may last (default: the collective timeout, at
+/// least [`MIN_JOIN_TIMEOUT`]): joining also waits for the slowest rank to
+/// start.
+pub const JOIN_TIMEOUT_ENV: &str = "SAFEMLX_DIST_JOIN_TIMEOUT";
+/// The shortest default bound on joining a group: one minute.
+pub const MIN_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The directory where each rank writes its progress (set by the launcher).
 pub const PROGRESS_DIR_ENV: &str = "SAFEMLX_DIST_PROGRESS_DIR";
 /// The exit status of a rank whose collective timed out (as `timeout(1)`'s).
@@ -128,8 +134,22 @@ pub(crate) fn heartbeat() {
 /// # Errors
 /// A value that is not a positive number of seconds.
 pub(crate) fn timeout_from_env() -> Result<Duration> {
-    match std::env::var(TIMEOUT_ENV) {
-        Err(_) => Ok(DEFAULT_TIMEOUT),
+    seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+}
+
+/// The bound on joining a group: `SAFEMLX_DIST_JOIN_TIMEOUT`, checked, or
+/// the collective timeout but at least [`MIN_JOIN_TIMEOUT`].
+///
+/// # Errors
+/// A value that is not a positive number of seconds.
+pub(crate) fn join_timeout_from_env() -> Result<Duration> {
+    let default = timeout_from_env()?.max(MIN_JOIN_TIMEOUT);
+    seconds_from_env(JOIN_TIMEOUT_ENV, default)
+}
+
+fn seconds_from_env(key: &str, default: Duration) -> Result<Duration> {
+    match std::env::var(key) {
+        Err(_) => Ok(default),
         Ok(v) => v
             .trim()
             .parse::<f64>()
@@ -138,8 +158,8 @@ pub(crate) fn timeout_from_env() -> Result<Duration> {
             .and_then(|s| Duration::try_from_secs_f64(s).ok())
             .ok_or_else(|| {
                 Error::Shape(format!(
-                    "{TIMEOUT_ENV}={v:?} is not a positive number of seconds (the default is {})",
-                    DEFAULT_TIMEOUT.as_secs()
+                    "{key}={v:?} is not a positive number of seconds (the default is {})",
+                    default.as_secs()
                 ))
             }),
     }
@@ -247,7 +267,7 @@ pub(crate) fn expire_joining(timeout: Duration) -> ! {
         write(&state, "waits joining 0 its group");
     }
     let line = format!(
-        "safemlx-dist: rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run. Exiting with status {TIMEOUT_EXIT}; set {TIMEOUT_ENV} (seconds) to wait longer\n",
+        "safemlx-dist: rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run. Exiting with status {TIMEOUT_EXIT}; set {JOIN_TIMEOUT_ENV} (seconds) to wait longer\n",
         timeout.as_secs_f64()
     );
     leave(&line)

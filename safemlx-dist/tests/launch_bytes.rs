@@ -1,0 +1,143 @@
+//! `safemlx-launch` with arguments that are not UTF-8, and with a stdout
+//! that closes early (`| head -c 1`), on ring and MPI.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn launcher() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+}
+
+fn bytes(b: &[u8]) -> &OsStr {
+    OsStr::from_bytes(b)
+}
+
+#[test]
+fn arguments_that_are_not_utf8_are_passed_on_as_they_are() {
+    for backend in ["ring", "mpi"] {
+        let out = launcher()
+            .args(["-n", "2", "--backend", backend, "--env"])
+            .arg(bytes(b"ODD=\xff"))
+            .args([
+                "--",
+                "sh",
+                "-c",
+                r#"printf '%s|%s\n' "$1" "$ODD" | od -An -tx1"#,
+            ])
+            .arg("sh")
+            .arg(bytes(b"\xfe"))
+            .output()
+            .expect("safemlx-launch runs");
+        let (text, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{backend}: {err}");
+        for rank in 0..2 {
+            // The argument's byte, `|`, the variable's byte, a newline.
+            assert!(
+                text.contains(&format!("[rank {rank}]  fe 7c ff 0a")),
+                "{backend}: {text}"
+            );
+        }
+    }
+    // A program or a hostfile whose name is not UTF-8: a clear error.
+    let out = launcher()
+        .args(["-n", "2", "--"])
+        .arg(bytes(b"/nonexistent-\xff"))
+        .output()
+        .expect("safemlx-launch runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(r#"safemlx-launch: program "/nonexistent-\xFF" was not found (give a path or a name on PATH)"#),
+        "{err}"
+    );
+    let out = launcher()
+        .args(["-n", "2", "--hostfile"])
+        .arg(bytes(b"/nonexistent-\xff.json"))
+        .args(["--", "true"])
+        .output()
+        .expect("safemlx-launch runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(
+            r#"safemlx-launch: bad hostfile "/nonexistent-\xFF.json": cannot read it: No such file or directory (os error 2)"#
+        ),
+        "{err}"
+    );
+    // An option's value must be text: named, exit 2, nothing started.
+    let out = launcher()
+        .args(["-n"])
+        .arg(bytes(b"\xff"))
+        .args(["--", "true"])
+        .output()
+        .expect("safemlx-launch runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("safemlx-launch: -n takes text, got \"\\xFF\", which is not UTF-8"),
+        "{err}"
+    );
+}
+
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn a_closed_stdout_stops_the_ranks_quietly_with_sigpipes_status() {
+    for backend in ["ring", "mpi"] {
+        let mut child = launcher()
+            .args(["-n", "2", "--backend", backend, "--", "sh", "-c"])
+            .arg("echo pid $$ >&2; while :; do echo line; sleep 0.01; done")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("safemlx-launch runs");
+        let mut out = child.stdout.take().expect("stdout");
+        let mut first = [0u8; 1];
+        out.read_exact(&mut first).expect("a byte of output");
+        // `head -c 1` has what it wanted and goes away.
+        drop(out);
+        let closed = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waits") {
+                break status;
+            }
+            if closed.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("{backend}: the launcher kept running after its stdout closed");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("stderr");
+        assert_eq!(status.code(), Some(141), "{backend}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("safemlx-launch:"),
+            "{backend}: not quiet: {err}"
+        );
+        let pids: Vec<u32> = err
+            .lines()
+            .filter_map(|l| l.split("pid ").nth(1)?.trim().parse().ok())
+            .collect();
+        assert_eq!(pids.len(), 2, "{backend}: {err}");
+        assert!(
+            pids.iter().all(|&p| gone(p)),
+            "{backend}: ranks {pids:?} left running"
+        );
+    }
+}
