@@ -183,3 +183,47 @@ fn every_format_names_a_tensor_of_another_shape_alike() {
         "model PATH: tensor `blk.0.attn_k.weight` (model.layers.0.self_attn.k_proj.weight) has shape [24, 48] but the configuration gives [16, 48]"
     );
 }
+
+/// A copy of the golden `llama-tied-kv3.gguf` with the 4-byte value of
+/// metadata key `key` replaced by `value`; its path.
+fn patched(key: &str, value: [u8; 4]) -> PathBuf {
+    let mut bytes = std::fs::read(golden("llama-tied-kv3.gguf")).unwrap();
+    // The key, its value type (4 bytes), then the value.
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())
+        .unwrap()
+        + key.len()
+        + 4;
+    bytes[at..at + 4].copy_from_slice(&value);
+    let tag = key.replace('.', "-");
+    let path = std::env::temp_dir().join(format!("safemlx-gguf-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// GGUF metadata that cannot run, and tensors the metadata does not
+/// describe, are errors naming the key or the tensors.
+#[test]
+fn gguf_metadata_that_cannot_run_is_named() {
+    let s = cpu();
+    let group = safemlx_dist::init(false, safemlx_dist::Backend::Ring).unwrap();
+    let cases = [
+        ("llama.rope.freq_base", 0f32.to_le_bytes(), "llama.rope.freq_base is 0: the RoPE base must be a finite number above 0"),
+        ("llama.rope.freq_base", f32::NAN.to_le_bytes(), "llama.rope.freq_base is NaN: the RoPE base must be a finite number above 0"),
+        ("llama.attention.layer_norm_rms_epsilon", (-1f32).to_le_bytes(), "llama.attention.layer_norm_rms_epsilon is -1: the RMSNorm epsilon must be above 0 and at most 0.1"),
+        ("tokenizer.ggml.eos_token_id", 500u32.to_le_bytes(), "tokenizer.ggml.eos_token_id is 500, outside the vocabulary of 67 tokens"),
+        // One layer described, two in the file: blk.1.* is not read.
+        ("llama.block_count", 1u32.to_le_bytes(), "has 9 tensors the model does not read (blk.1.attn_k.weight, blk.1.attn_norm.weight, blk.1.attn_output.weight, ...): its metadata describes another model than its tensors"),
+    ];
+    for (key, value, message) in cases {
+        let path = patched(key, value);
+        let file = GgufFile::open(&path).unwrap();
+        let error = safemlx_dist::models::Llama::from_gguf(&group, file, &s)
+            .expect_err("a model that cannot run")
+            .to_string()
+            .replace(&path.display().to_string(), "FILE");
+        std::fs::remove_file(&path).ok();
+        assert_eq!(error, format!("model FILE: {message}"), "{key}");
+    }
+}

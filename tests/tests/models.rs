@@ -152,6 +152,50 @@ fn a_weight_labelled_as_integers_is_refused() {
     );
 }
 
+/// Configuration values a model cannot run with are named with their key
+/// when the directory is read (before, they ran until "the logits hold no
+/// finite value").
+#[test]
+fn configuration_values_that_cannot_run_are_named() {
+    let cases: [(&str, serde_json::Value, &str); 5] = [
+        (
+            "rope_theta",
+            0.0.into(),
+            "rope_theta is 0: the RoPE base must be a finite number above 0",
+        ),
+        (
+            "rms_norm_eps",
+            (-1.0).into(),
+            "rms_norm_eps is -1: the RMSNorm epsilon must be above 0 and at most 0.1",
+        ),
+        (
+            "rms_norm_eps",
+            1000.0.into(),
+            "rms_norm_eps is 1000: the RMSNorm epsilon must be above 0 and at most 0.1",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": -2.0}),
+            "rope_scaling (factor) is -2: a RoPE scaling factor must be a finite number above 0",
+        ),
+        (
+            "eos_token_id",
+            67.into(),
+            "eos_token_id is 67, outside the vocabulary of 67 tokens",
+        ),
+    ];
+    for (key, value, message) in cases {
+        let dir = damaged_dir("llama-tied-kv3", key, |d| {
+            let path = d.join("config.json");
+            let mut json: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            json[key] = value.clone();
+            std::fs::write(path, json.to_string()).unwrap();
+        });
+        assert_eq!(load_error(&dir), format!("model DIR: {message}"), "{key}");
+    }
+}
+
 #[test]
 fn damaged_model_directories_name_the_file_and_the_tensor() {
     let config = |dir: &Path, edit: &dyn Fn(&mut serde_json::Value)| {

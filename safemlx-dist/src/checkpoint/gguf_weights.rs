@@ -23,13 +23,19 @@ pub struct GgufWeights {
     file: GgufFile,
     /// (query heads, KV heads, head_dim) when q and k rows are reordered.
     permuted: Option<(usize, usize, usize)>,
+    /// The file's tensors a model asked for, for [`check_all_read`](Self::check_all_read).
+    asked: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl GgufWeights {
     /// Wraps `file`; `permuted` gives (query heads, KV heads, head_dim)
     /// when its q/k rows are in llama.cpp's RoPE order (`llama` models).
     pub fn new(file: GgufFile, permuted: Option<(usize, usize, usize)>) -> Self {
-        Self { file, permuted }
+        Self {
+            file,
+            permuted,
+            asked: std::sync::Mutex::default(),
+        }
     }
 
     /// The GGUF file.
@@ -69,9 +75,50 @@ impl GgufWeights {
     }
 
     fn name(&self, name: &str) -> Result<String> {
-        Self::gguf_name(name).ok_or_else(|| Error::Checkpoint {
+        let gguf = Self::gguf_name(name).ok_or_else(|| Error::Checkpoint {
             path: self.file.path().display().to_string(),
             message: format!("has no GGUF name for tensor `{name}`"),
+        })?;
+        self.asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(gguf.clone());
+        Ok(gguf)
+    }
+
+    /// Checks, once a model is loaded, that it asked for every tensor of
+    /// the file (llama.cpp refuses a file with tensors its metadata does
+    /// not describe: "wrong number of tensors"); `rope_freqs.weight` is
+    /// read with the configuration.
+    ///
+    /// # Errors
+    /// The tensors no one asked for, counted and the first three named.
+    pub fn check_all_read(&self) -> Result<()> {
+        let asked = self
+            .asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let unused: Vec<&str> = self
+            .file
+            .tensors()
+            .keys()
+            .filter(|n| !asked.contains(*n) && n.as_str() != "rope_freqs.weight")
+            .map(String::as_str)
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        let mut named: Vec<&str> = unused.iter().take(3).copied().collect();
+        if unused.len() > named.len() {
+            named.push("...");
+        }
+        Err(Error::Model {
+            path: self.file.path().display().to_string(),
+            message: format!(
+                "has {} tensors the model does not read ({}): its metadata describes another model than its tensors",
+                unused.len(),
+                named.join(", ")
+            ),
         })
     }
 

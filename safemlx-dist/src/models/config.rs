@@ -330,7 +330,7 @@ impl LlamaConfig {
                 )));
             }
         }
-        Ok(Self {
+        let config = Self {
             family,
             vocab_size: need("vocab_size")?,
             hidden_size,
@@ -351,7 +351,18 @@ impl LlamaConfig {
             eos_token_ids,
             bos_token_id,
             moe,
-        })
+        };
+        config.check_values(
+            [
+                "rope_theta",
+                "rms_norm_eps",
+                "rope_scaling",
+                "eos_token_id",
+                "bos_token_id",
+            ],
+            &fail,
+        )?;
+        Ok(config)
     }
 
     /// RoPE frequencies for Llama 3 scaling (`None` for the others): the
@@ -535,7 +546,7 @@ impl LlamaConfig {
                 "a llama GGUF with attention biases (blk.0.attn_q.bias) is not supported: llama.cpp's q/k row order for it is not handled".to_owned(),
             ));
         }
-        Ok(Self {
+        let config = Self {
             family,
             vocab_size,
             hidden_size,
@@ -555,7 +566,18 @@ impl LlamaConfig {
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             moe: None,
-        })
+        };
+        config.check_values(
+            [
+                &key("rope.freq_base"),
+                &key("attention.layer_norm_rms_epsilon"),
+                &key("rope.scaling.factor"),
+                "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.bos_token_id",
+            ],
+            &fail,
+        )?;
+        Ok(config)
     }
 }
 

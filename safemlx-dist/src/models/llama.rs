@@ -161,13 +161,13 @@ impl Llama {
     /// as `float32`.
     ///
     /// # Errors
-    /// Those of [`LlamaConfig::from_gguf`] and [`load`](Self::load).
+    /// Those of [`LlamaConfig::from_gguf`] and [`load`](Self::load), and
+    /// tensors in the file that the model does not read.
     pub fn from_gguf(group: &Group, file: GgufFile, s: &Stream) -> Result<(Self, GgufWeights)> {
         let (config, weights) = Self::gguf_weights(file, s)?;
-        Ok((
-            Self::load(&Weights::new(&weights, group), config, s)?,
-            weights,
-        ))
+        let model = Self::load(&Weights::new(&weights, group), config, s)?;
+        weights.check_all_read()?;
+        Ok((model, weights))
     }
 
     /// The configuration of a GGUF file and its tensors under Hugging Face

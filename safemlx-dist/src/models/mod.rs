@@ -13,6 +13,7 @@
 //! the same weights).
 
 pub mod config;
+mod config_check;
 pub mod llama;
 
 use std::path::Path;
@@ -94,6 +95,7 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (config, source) = Llama::gguf_weights(file, s)?;
         let model = load(&source, config)?;
+        source.check_all_read()?;
         (model, Box::new(source), tokenizer)
     };
     Ok(Loaded {
