@@ -226,4 +226,35 @@ fn gguf_metadata_that_cannot_run_is_named() {
         std::fs::remove_file(&path).ok();
         assert_eq!(error, format!("model FILE: {message}"), "{key}");
     }
+    // llama.rope.dimension_count 4 for heads of 8 (the golden file has no
+    // such key: it is added, with a name that keeps the data 32-aligned).
+    let mut bytes = std::fs::read(golden("llama-tied-kv3.gguf")).unwrap();
+    let kvs = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+    bytes[16..24].copy_from_slice(&(kvs + 2).to_le_bytes());
+    let mut added = Vec::new();
+    let mut key = |name: &str, kind: u32, value: &[u8]| {
+        added.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        added.extend_from_slice(name.as_bytes());
+        added.extend_from_slice(&kind.to_le_bytes());
+        added.extend_from_slice(value);
+    };
+    key("llama.rope.dimension_count", 4, &4u32.to_le_bytes());
+    let name = b"rotating-half-of-heads";
+    let mut text = (name.len() as u64).to_le_bytes().to_vec();
+    text.extend_from_slice(name);
+    key("general.name", 8, &text);
+    assert_eq!(added.len() % 32, 0, "the data section keeps its alignment");
+    bytes.splice(24..24, added);
+    let path = std::env::temp_dir().join(format!("safemlx-gguf-nrot-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    let error = safemlx_dist::models::Llama::from_gguf(&group, file, &s)
+        .expect_err("half of each head rotated")
+        .to_string()
+        .replace(&path.display().to_string(), "FILE");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        error,
+        "model FILE: llama.rope.dimension_count is 4 but the head dimension is 8: rotating part of each head is not supported (llama.cpp refuses it too: \"invalid n_rot\")"
+    );
 }

@@ -486,6 +486,14 @@ impl LlamaConfig {
                 )))
             }
         };
+        if let Some(n) = int(&key("rope.dimension_count"))? {
+            if n != head_dim {
+                return Err(fail(format!(
+                    "{} is {n} but the head dimension is {head_dim}: rotating part of each head is not supported (llama.cpp refuses it too: \"invalid n_rot\")",
+                    key("rope.dimension_count")
+                )));
+            }
+        }
         let tokens = meta
             .get("tokenizer.ggml.tokens")
             .and_then(GgufValue::as_array)
