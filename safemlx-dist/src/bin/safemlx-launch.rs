@@ -176,6 +176,18 @@ fn parse(args: &[OsString]) -> Result<Launch, String> {
             Hostfile::Hosts(file) => list = Some(file),
         }
     }
+    if list.is_none() {
+        for (given, flag) in [
+            (ssh.is_some(), "--ssh"),
+            (port.is_some(), "--starting-port"),
+        ] {
+            if given {
+                return Err(format!(
+                    "{flag} is for ranks on other hosts: give --hosts or an mlx.launch --hostfile, or leave {flag} out"
+                ));
+            }
+        }
+    }
     let ranks = match (ranks, &list) {
         (Some(n), _) => n,
         (None, Some(list)) => list.hosts.len(),
