@@ -113,7 +113,7 @@ fn supervise_rank(
     command
         .args(args)
         .env_remove(RING_HOSTS_ENV)
-        .env(super::LAUNCHER_ENV, super::watchdog::this_launcher())
+        .env(super::LAUNCHER_ENV, crate::runtime::this_launcher())
         .stdin(Stdio::null())
         .process_group(0);
     if let Some(path) = hostfile {

@@ -21,7 +21,6 @@ mod progress;
 mod ranks;
 mod remote;
 mod supervise;
-mod watchdog;
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -31,11 +30,11 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::runtime::this_launcher;
+pub use crate::runtime::LAUNCHER_ENV;
 pub use hostfile::{RingHosts, TempHostfile};
 pub use hosts::{parse_env, read_hostfile, Host, HostList, Hostfile, DEFAULT_STARTING_PORT};
 pub use ranks::{Ranks, RANK_OF_ENV};
-pub(crate) use watchdog::watch_launcher;
-pub use watchdog::LAUNCHER_ENV;
 
 use crate::Backend;
 use progress::ProgressDir;
@@ -381,7 +380,7 @@ impl Launch {
         let mut env = self.env.clone();
         env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
         if matches!(self.backend, Backend::Mpi) && !matches!(plan, Plan::Remote(_)) {
-            env.push((LAUNCHER_ENV.into(), watchdog::this_launcher().into()));
+            env.push((LAUNCHER_ENV.into(), this_launcher().into()));
         }
         let progress = ProgressDir::new()?;
         env.push((crate::PROGRESS_DIR_ENV.into(), progress.path().into()));
@@ -457,7 +456,7 @@ impl Launch {
                     .envs(env.iter().map(|(k, v)| (k, v)))
                     .env("MLX_RANK", rank.to_string())
                     .env("MLX_WORLD_SIZE", self.ranks.to_string())
-                    .env(LAUNCHER_ENV, watchdog::this_launcher());
+                    .env(LAUNCHER_ENV, this_launcher());
                 // MLX's ring does not form a ring of one: a single rank gets
                 // no hostfile and runs as the singleton group.
                 if self.ranks > 1 {

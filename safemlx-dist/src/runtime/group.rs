@@ -103,7 +103,7 @@ impl Group {
     /// `all_max` that all ranks read the same value, since ranks that lower
     /// collectives differently would deadlock.
     pub fn init(strict: bool, backend: Backend) -> Result<Self> {
-        crate::launch::watch_launcher();
+        super::launcher_watch::watch_launcher();
         let lowering = Lowering::from_env()?;
         super::progress::timeout_from_env()?;
         super::progress::join_timeout_from_env()?;

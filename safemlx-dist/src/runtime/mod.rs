@@ -9,6 +9,7 @@ mod deadline;
 mod eval;
 mod exchange;
 mod group;
+mod launcher_watch;
 mod lowering;
 mod native;
 mod profile;
@@ -22,8 +23,10 @@ pub use collectives::{
 };
 pub use eval::eval;
 pub use group::{init, Group};
+pub(crate) use launcher_watch::this_launcher;
+pub use launcher_watch::LAUNCHER_ENV;
 pub use lowering::{Lowering, LOWERING_ENV};
-pub(crate) use native::{exit_immediately, identity_with_vjp, take_vjp_error};
+pub(crate) use native::{identity_with_vjp, take_vjp_error};
 pub use profile::{CollectiveProfile, CollectiveTime};
 pub use progress::{
     DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV,

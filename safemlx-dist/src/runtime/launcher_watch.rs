@@ -1,9 +1,10 @@
-//! A rank ends when its launcher is gone.
+//! A rank ends when its launcher is gone: the rank's side of the launcher
+//! contract (the launcher sets [`LAUNCHER_ENV`]; the rank watches it).
 //!
 //! The launcher stops every rank when one fails or the run times out. If
 //! the launcher itself is killed (SIGKILL, a test harness's timeout), nobody
 //! would stop its ranks, and a rank waiting on a peer would wait forever. So
-//! [`Launch`](super::Launch) tells each rank (ring and MPI) its pid and the
+//! the launcher (`launch::Launch`) tells each rank (ring and MPI) its pid and the
 //! time it started, and a rank that joins a group checks twice a second
 //! that this very process is still alive (the start time tells a reused
 //! pid apart); when it is not, the rank exits with status 3, saying why,
@@ -64,7 +65,7 @@ pub(crate) fn watch_launcher() {
                         "safemlx-dist: the launcher (pid {pid}) is gone, so nothing would stop this rank on a failure; exiting"
                     );
                     remove_launcher_files();
-                    crate::runtime::exit_immediately(3);
+                    super::native::exit_immediately(3);
                 }
             });
         if let Err(e) = spawned {
@@ -89,7 +90,7 @@ fn remove_launcher_files() {
             let _ = std::fs::remove_file(file);
         }
     }
-    if let Some(dir) = std::env::var_os(crate::PROGRESS_DIR_ENV).map(std::path::PathBuf::from) {
+    if let Some(dir) = std::env::var_os(super::PROGRESS_DIR_ENV).map(std::path::PathBuf::from) {
         if ours(&dir) {
             let _ = std::fs::remove_dir_all(dir);
         }
