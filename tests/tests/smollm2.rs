@@ -209,3 +209,30 @@ fn smollm2_quantized_logits_equal_the_dequantized_model_at_one_to_three_ranks() 
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
     }
 }
+
+/// A norm whose GGUF header says Q4_1 instead of F32 is named as such, not
+/// as a row count that makes no sense ("has 1 rows; rows 0..576 were asked
+/// for", before).
+#[test]
+fn a_vector_labelled_quantized_is_named() {
+    let mut bytes = std::fs::read(model_path()).unwrap();
+    // The tensor's info: its name, 1 dimension, 576, then its type (F32: 0).
+    let name = b"blk.0.attn_norm.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    assert_eq!(&bytes[at..at + 4], &1u32.to_le_bytes(), "one dimension");
+    assert_eq!(&bytes[at + 12..at + 16], &0u32.to_le_bytes(), "F32");
+    bytes[at + 12..at + 16].copy_from_slice(&3u32.to_le_bytes()); // Q4_1
+    let path = std::env::temp_dir().join(format!("safemlx-q41-norm-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).unwrap();
+    let group = safemlx_dist::init(false, safemlx_dist::Backend::Ring).unwrap();
+    let file = safemlx_dist::checkpoint::GgufFile::open(&path).unwrap();
+    let error = safemlx_dist::models::Llama::from_gguf(&group, file, &cpu())
+        .expect_err("a quantized norm")
+        .to_string()
+        .replace(&path.display().to_string(), "FILE");
+    std::fs::remove_file(&path).ok();
+    assert_eq!(
+        error,
+        "checkpoint FILE: tensor `blk.0.attn_norm.weight` is Q4_1 but 1-D (576 values): vectors (norms, biases) are stored as F32, F16 or BF16, as llama.cpp reads them; the file's header is wrong"
+    );
+}

@@ -443,6 +443,14 @@ impl GgufFile {
     /// No such tensor, rows past its end, or a failed read.
     pub fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
         let t = self.tensor(name)?;
+        if let [len] = t.shape[..] {
+            if t.kind.block().0 > 1 {
+                return Err(self.error(format!(
+                    "tensor `{name}` is {:?} but 1-D ({len} values): vectors (norms, biases) are stored as F32, F16 or BF16, as llama.cpp reads them; the file's header is wrong",
+                    t.kind
+                )));
+            }
+        }
         let (rows, row_len) = rows_of(&t.shape, t.kind);
         let (per_block, block_bytes) = t.kind.block();
         let row_bytes = (row_len / per_block * block_bytes) as u64;
