@@ -9,20 +9,154 @@ use std::path::Path;
 use safemlx::ops::indexing::TryIndexOp;
 use safemlx::{Array, Dtype, Stream};
 
+use super::TensorInfo;
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 
-/// Tensors read as they are stored, without dequantizing.
+/// Tensors read as they are stored, without dequantizing, and the
+/// quantized weights among them: what [`affine_tensor_source!`] makes a
+/// [`TensorSource`](super::TensorSource) of.
 pub(super) trait Stored {
     /// The file or directory, for messages.
     fn location(&self) -> &Path;
-    /// The stored shape of `name`.
-    fn stored_shape(&self, name: &str) -> Result<Vec<i32>>;
-    /// Rows of `name`, as stored.
-    fn stored_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array>;
-    /// Columns of the 2-D `name`, as stored.
+    /// Whether `name` is stored.
+    fn stored_contains(&self, name: &str) -> bool;
+    /// The stored dtype and shape of `name`.
+    fn stored_info(&self, name: &str) -> Result<&TensorInfo>;
+    /// The whole of `name`, as stored.
+    fn stored_read(&self, name: &str, s: &Stream) -> Result<Array>;
+    /// Ranges along `axis` of `name`, as stored.
+    fn stored_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<Array>;
+    /// Columns of the 2-D `name`, as stored (an error naming it otherwise).
     fn stored_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array>;
+    /// Tensor bytes read so far.
+    fn stored_bytes_read(&self) -> u64;
+    /// The quantized weight `name`, when it is one.
+    fn affine(&self, name: &str) -> Option<Affine>;
+    /// [`affine`](Self::affine) for a read of quantized values: an error
+    /// naming the tensor when it is not one (or not readable as one).
+    fn affine_to_read(&self, name: &str) -> Result<Affine>;
+
+    /// The stored shape of `name`.
+    fn stored_shape(&self, name: &str) -> Result<Vec<i32>> {
+        Ok(self.stored_info(name)?.shape.clone())
+    }
+    /// Rows of `name`, as stored.
+    fn stored_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        self.stored_along(name, 0, ranges, s)
+    }
 }
+
+/// `impl TensorSource for $t` where `$t: Stored`: a quantized weight
+/// ([`Stored::affine`]) has its logical `[out, in]` shape, reads as floats
+/// through `dequantize` and in quantized parts kept quantized; any other
+/// tensor reads as stored.
+macro_rules! affine_tensor_source {
+    ($t:ty) => {
+        impl $crate::checkpoint::TensorSource for $t {
+            fn path(&self) -> &std::path::Path {
+                $crate::checkpoint::affine::Stored::location(self)
+            }
+            fn contains(&self, name: &str) -> bool {
+                self.stored_contains(name)
+            }
+            fn shape(&self, name: &str) -> $crate::error::Result<Vec<i32>> {
+                let shape = self.stored_shape(name)?;
+                match self.affine(name) {
+                    // Not 2-D: reading it is a clear error.
+                    Some(affine) if shape.len() == 2 => affine.shape(self),
+                    _ => Ok(shape),
+                }
+            }
+            fn read(
+                &self,
+                name: &str,
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<safemlx::Array> {
+                if self.affine(name).is_none() {
+                    return self.stored_read(name, s);
+                }
+                // Through the trait: the types have raw reads of these names.
+                let source: &dyn $crate::checkpoint::TensorSource = self;
+                let rows = source.shape(name)?.first().copied().unwrap_or(0) as usize;
+                source.read_rows(name, &[(0, rows)], s)
+            }
+            fn read_rows(
+                &self,
+                name: &str,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<safemlx::Array> {
+                if self.affine(name).is_none() {
+                    return self.stored_rows(name, ranges, s);
+                }
+                self.affine_to_read(name)?
+                    .rows(self, ranges, s)?
+                    .dequantize(s)
+            }
+            fn read_columns(
+                &self,
+                name: &str,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<safemlx::Array> {
+                if self.affine(name).is_none() {
+                    return self.stored_columns(name, ranges, s);
+                }
+                self.affine_to_read(name)?.float_columns(self, ranges, s)
+            }
+            fn read_along(
+                &self,
+                name: &str,
+                axis: usize,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<safemlx::Array> {
+                let source: &dyn $crate::checkpoint::TensorSource = self;
+                match (self.affine(name), axis) {
+                    (None, _) => self.stored_along(name, axis, ranges, s),
+                    (Some(_), 0) => source.read_rows(name, ranges, s),
+                    (Some(_), _) => source.read_columns(name, ranges, s),
+                }
+            }
+            fn bytes_read(&self) -> u64 {
+                self.stored_bytes_read()
+            }
+            fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+                self.affine(name).map(|a| (a.group_size, a.bits))
+            }
+            fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
+                match self.affine(name) {
+                    Some(_) => None,
+                    None => self.stored_info(name).ok().map(|i| i.dtype),
+                }
+            }
+            fn read_quantized_rows(
+                &self,
+                name: &str,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<$crate::quantized::AffineWeight> {
+                self.affine_to_read(name)?.rows(self, ranges, s)
+            }
+            fn read_quantized_groups(
+                &self,
+                name: &str,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<$crate::quantized::AffineWeight> {
+                self.affine_to_read(name)?.groups(self, ranges, s)
+            }
+        }
+    };
+}
+pub(super) use affine_tensor_source;
 
 /// The three tensors of one quantized weight, and its quantization.
 #[derive(Debug)]

@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 use safemlx::{Array, Stream};
 use serde_json::Value;
 
-use super::affine::{Affine, Stored};
-use super::{read_text, Checkpoint, TensorInfo, TensorSource};
+use super::affine::{affine_tensor_source, Affine, Stored};
+use super::{read_text, Checkpoint, TensorInfo};
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 
 /// A Hugging Face model directory opened for reading: its `config.json`
 /// parsed, every safetensors file's header checked, each tensor found in
@@ -192,7 +191,35 @@ fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && !name.contains('/') && name != "." && name != ".."
 }
 
-impl HfDirectory {
+impl Stored for HfDirectory {
+    fn location(&self) -> &Path {
+        &self.dir
+    }
+    fn stored_contains(&self, name: &str) -> bool {
+        HfDirectory::contains(self, name)
+    }
+    fn stored_info(&self, name: &str) -> Result<&TensorInfo> {
+        self.info(name)
+    }
+    fn stored_read(&self, name: &str, s: &Stream) -> Result<Array> {
+        HfDirectory::read(self, name, s)
+    }
+    fn stored_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<Array> {
+        self.file(name)?.read_along(name, axis, ranges, s)
+    }
+    fn stored_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
+        HfDirectory::read_columns(self, name, ranges, s)
+    }
+    fn stored_bytes_read(&self) -> u64 {
+        HfDirectory::bytes_read(self)
+    }
+
     /// The quantized weight `name` (`stem.weight`) of an mlx-community
     /// directory: `config.json`'s `"quantization"` (or a per-layer entry in
     /// it) and the tensors `stem.scales` and `stem.biases`.
@@ -214,8 +241,8 @@ impl HfDirectory {
         })
     }
 
-    /// [`affine`](Self::affine), for a read of quantized values: an error
-    /// for a float tensor or a quantization mode other than `affine`.
+    /// An error for a float tensor or a quantization mode other than
+    /// `affine`.
     fn affine_to_read(&self, name: &str) -> Result<Affine> {
         let fail = |message: String| Error::Checkpoint {
             path: self.dir.display().to_string(),
@@ -238,101 +265,6 @@ impl HfDirectory {
     }
 }
 
-impl Stored for HfDirectory {
-    fn location(&self) -> &Path {
-        &self.dir
-    }
-    fn stored_shape(&self, name: &str) -> Result<Vec<i32>> {
-        Ok(self.info(name)?.shape.clone())
-    }
-    fn stored_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
-        HfDirectory::read_rows(self, name, ranges, s)
-    }
-    fn stored_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
-        HfDirectory::read_columns(self, name, ranges, s)
-    }
-}
-
-/// An mlx-community quantized tensor has the logical `[out, in]` shape of
-/// its float original and reads as floats through `dequantize`.
-impl TensorSource for HfDirectory {
-    fn path(&self) -> &Path {
-        &self.dir
-    }
-    fn contains(&self, name: &str) -> bool {
-        HfDirectory::contains(self, name)
-    }
-    fn shape(&self, name: &str) -> Result<Vec<i32>> {
-        let shape = self.info(name)?.shape.clone();
-        match self.affine(name) {
-            // Not 2-D: reading it is a clear error.
-            Some(affine) if shape.len() == 2 => affine.shape(self),
-            _ => Ok(shape),
-        }
-    }
-    fn read(&self, name: &str, s: &Stream) -> Result<Array> {
-        if self.affine(name).is_none() {
-            return HfDirectory::read(self, name, s);
-        }
-        let rows = TensorSource::shape(self, name)?
-            .first()
-            .copied()
-            .unwrap_or(0) as usize;
-        TensorSource::read_rows(self, name, &[(0, rows)], s)
-    }
-    fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
-        if self.affine(name).is_none() {
-            return HfDirectory::read_rows(self, name, ranges, s);
-        }
-        self.affine_to_read(name)?
-            .rows(self, ranges, s)?
-            .dequantize(s)
-    }
-    fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
-        if self.affine(name).is_none() {
-            return HfDirectory::read_columns(self, name, ranges, s);
-        }
-        self.affine_to_read(name)?.float_columns(self, ranges, s)
-    }
-    fn read_along(
-        &self,
-        name: &str,
-        axis: usize,
-        ranges: &[(usize, usize)],
-        s: &Stream,
-    ) -> Result<Array> {
-        match (self.affine(name), axis) {
-            (None, _) => self.file(name)?.read_along(name, axis, ranges, s),
-            (Some(_), 0) => TensorSource::read_rows(self, name, ranges, s),
-            (Some(_), _) => TensorSource::read_columns(self, name, ranges, s),
-        }
-    }
-    fn bytes_read(&self) -> u64 {
-        HfDirectory::bytes_read(self)
-    }
-    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
-        self.affine(name).map(|a| (a.group_size, a.bits))
-    }
-    fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
-        match self.affine(name) {
-            Some(_) => None,
-            None => self.info(name).ok().map(|i| i.dtype),
-        }
-    }
-    fn read_quantized_rows(
-        &self,
-        name: &str,
-        ranges: &[(usize, usize)],
-        s: &Stream,
-    ) -> Result<AffineWeight> {
-        self.affine_to_read(name)?.rows(self, ranges, s)
-    }
-    fn read_quantized_groups(
-        &self,
-        name: &str,
-        ranges: &[(usize, usize)],
-        s: &Stream,
-    ) -> Result<AffineWeight> {
-        self.affine_to_read(name)?.groups(self, ranges, s)
-    }
-}
+// An mlx-community quantized tensor has the logical `[out, in]` shape of
+// its float original and reads as floats through `dequantize`.
+affine_tensor_source!(HfDirectory);
