@@ -193,7 +193,7 @@ fn step(
     let last = gather_logits(&logits, 0..1, s)?;
     // Row-contiguous: `try_to_vec` reads storage order, not logical order.
     let last = last.into_local().contiguous(false, s)?;
-    crate::eval(&[&last])?;
+    crate::runtime::eval(&[&last])?;
     let row = last
         .into_evaluated()?
         .try_to_vec::<f32>()

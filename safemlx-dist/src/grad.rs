@@ -67,7 +67,7 @@ pub fn sum_gradients<C: Collective>(x: &Array, comm: &C, s: &Stream) -> Result<A
         return Ok(x.clone());
     }
     let (group, s) = (comm.group().clone(), s.clone());
-    runtime::identity_with_vjp(x, Box::new(move |g| crate::all_sum(g, &group, &s)))
+    runtime::identity_with_vjp(x, Box::new(move |g| crate::runtime::all_sum(g, &group, &s)))
 }
 
 /// `whole` and `shared` unchanged; while tracing a gradient on several
@@ -88,7 +88,7 @@ pub(crate) fn sum_gradients_together(
     whole: &[&Array],
     shared: &[&Array],
     (slot, slots): (usize, usize),
-    comm: &crate::Group,
+    comm: &crate::runtime::Group,
     s: &Stream,
 ) -> Result<(Vec<Array>, Vec<Array>)> {
     let clones = |a: &[&Array]| a.iter().map(|&a| a.clone()).collect::<Vec<_>>();
@@ -132,7 +132,7 @@ pub(crate) fn sum_gradients_together(
                 0,
                 s,
             )?;
-            let summed = crate::all_sum(&buffer, &group, s)?;
+            let summed = crate::runtime::all_sum(&buffer, &group, s)?;
             Ok(safemlx::ops::concatenate_axis(
                 &[
                     cut(&summed, 0, whole_len)?,
@@ -363,7 +363,7 @@ where
 /// A `bucket_bytes` of 0, or an MLX error.
 pub fn average_gradients<M: Parameters>(
     grads: &M,
-    group: &crate::Group,
+    group: &crate::runtime::Group,
     bucket_bytes: usize,
     s: &Stream,
 ) -> Result<M> {
@@ -396,7 +396,7 @@ pub fn average_gradients<M: Parameters>(
             .collect::<std::result::Result<_, _>>()?;
         let sizes: Vec<i32> = flat.iter().map(|a| a.shape()[0]).collect();
         let joined = safemlx::ops::concatenate_axis(&flat, 0, s)?;
-        let mean = crate::all_sum(&joined, group, s)?.divide(&n, s)?;
+        let mean = crate::runtime::all_sum(&joined, group, s)?.divide(&n, s)?;
         let mut offset = 0;
         for (a, &len) in locals[start..end].iter().zip(&sizes) {
             let piece = crate::typed::collective::slice_axis(&mean, 0, offset, len as usize, s)?;

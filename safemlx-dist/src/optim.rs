@@ -9,7 +9,7 @@ use safemlx::{Array, Stream};
 
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
-use crate::Group;
+use crate::runtime::Group;
 
 /// AdamW (Loshchilov and Hutter): Adam with bias correction and weight
 /// decay applied to the parameter directly, as PyTorch's `AdamW`.
@@ -147,8 +147,8 @@ pub fn clip_grad_norm<M: Parameters>(
         }
         own = own.add(&sq, s)?;
     }
-    let total = crate::all_sum(&own, group, s)?;
-    crate::eval(&[&total])?;
+    let total = crate::runtime::all_sum(&own, group, s)?;
+    crate::runtime::eval(&[&total])?;
     let norm = total.try_item::<f32>(s)?.sqrt();
     let scale = (max_norm / (norm + 1e-6)).min(1.0);
     let scaled: Vec<Array> = params

@@ -58,7 +58,7 @@ pub(super) fn to_bytes(array: &Array, max_piece: usize, s: &Stream) -> Result<Ve
     for start in (0..len.max(1)).step_by(per_piece) {
         let count = per_piece.min(len - start);
         let raw = slice_axis(&flat, 0, start, count, s)?.view_dtype(Dtype::Uint8, s)?;
-        crate::eval(&[&raw])?;
+        crate::runtime::eval(&[&raw])?;
         let read = raw
             .into_evaluated()?
             .try_to_vec::<u8>()

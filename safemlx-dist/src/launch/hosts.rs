@@ -12,7 +12,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use super::RingHosts;
-use crate::Backend;
+use crate::runtime::Backend;
 
 /// The ring's first port on each host when none is given (`mlx.launch`'s).
 pub const DEFAULT_STARTING_PORT: u16 = 32323;

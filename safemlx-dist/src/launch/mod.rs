@@ -36,7 +36,7 @@ pub use hostfile::{RingHosts, TempHostfile};
 pub use hosts::{parse_env, read_hostfile, Host, HostList, Hostfile, DEFAULT_STARTING_PORT};
 pub use ranks::{Ranks, RANK_OF_ENV};
 
-use crate::Backend;
+use crate::runtime::Backend;
 use progress::ProgressDir;
 use supervise::{supervise, Outcome, Relabel};
 
@@ -383,7 +383,10 @@ impl Launch {
             env.push((LAUNCHER_ENV.into(), this_launcher().into()));
         }
         let progress = ProgressDir::new()?;
-        env.push((crate::PROGRESS_DIR_ENV.into(), progress.path().into()));
+        env.push((
+            crate::runtime::PROGRESS_DIR_ENV.into(),
+            progress.path().into(),
+        ));
         // Where the ranks were when the first rank's collective timed out
         // (or, without one, when the run ended): taken at that moment, since
         // stopping the run can wake a stopped rank (mpirun sends SIGCONT
@@ -411,8 +414,8 @@ impl Launch {
     /// (a rank exiting with status 124) or the launcher's own timeout.
     fn with_progress(&self, error: LaunchError, snapshot: Option<String>) -> LaunchError {
         let timed_out = |status: &str| {
-            status == format!("exit status: {}", crate::TIMEOUT_EXIT)
-                || status == format!("exit code: {}", crate::TIMEOUT_EXIT)
+            status == format!("exit status: {}", crate::runtime::TIMEOUT_EXIT)
+                || status == format!("exit code: {}", crate::runtime::TIMEOUT_EXIT)
         };
         match error {
             LaunchError::RankFailed { rank, status, .. } if timed_out(&status) => {
@@ -505,7 +508,7 @@ impl Launch {
         watch: &mut dyn FnMut(),
     ) -> Result<LaunchReport, LaunchError> {
         // The progress directory is this machine's: remote ranks do not see it.
-        env.retain(|(k, _)| k != crate::PROGRESS_DIR_ENV);
+        env.retain(|(k, _)| k != crate::runtime::PROGRESS_DIR_ENV);
         let placement = remote.list.placement(self.ranks);
         let host_of = |rank: usize| remote.list.hosts[placement[rank]].ssh.clone();
         let commands = (0..self.ranks)

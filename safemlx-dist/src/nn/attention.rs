@@ -5,8 +5,8 @@ use safemlx::{Array, Stream};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::runtime::Group;
-use crate::sharded;
 use crate::typed::{Replicated, Sharded, ShardedArray};
+use safemlx_dist_macros::sharded;
 
 /// The attention weights: a fused QKV projection `[D, 3D]` whose Q, K and V
 /// blocks are each split by columns (so rank `r` holds its heads' Q, K and

@@ -4,8 +4,8 @@ use safemlx::{Array, Dtype, Stream};
 
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::sharded;
 use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
+use safemlx_dist_macros::sharded;
 
 /// A `[V, D]` table split by vocabulary rows: rank `r` holds rows
 /// `chunk(V, r, n)`. As an embedding, each rank looks up the tokens in its

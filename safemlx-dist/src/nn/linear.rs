@@ -121,7 +121,7 @@ impl RowParallelLinear {
         h.matmul(&self.weight, s)
     }
 
-    fn add_bias<P: crate::Placement>(
+    fn add_bias<P: crate::typed::Placement>(
         &self,
         y: ShardedArray<P>,
         s: &Stream,

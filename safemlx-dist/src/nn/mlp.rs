@@ -4,8 +4,8 @@ use safemlx::Stream;
 
 use crate::checkpoint::Weights;
 use crate::error::Result;
-use crate::sharded;
 use crate::typed::{Partial, Replicated, Sharded, ShardedArray};
+use safemlx_dist_macros::sharded;
 
 /// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
 /// columns and `down` `[H, D]` split by rows: one `all_sum` per forward

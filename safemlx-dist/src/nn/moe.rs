@@ -25,11 +25,11 @@ use super::SwiGluMlp;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::runtime::Group;
-use crate::sharded;
 use crate::typed::collective::slice_axis;
 use crate::typed::{
     chunk, Partial, Placement, Ragged, Replicated, RoutingPlan, Sharded, ShardedArray,
 };
+use safemlx_dist_macros::sharded;
 
 /// How the router's logits become the gates of a token's `k` experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,7 +311,7 @@ fn int_array(values: &[i32]) -> Array {
 
 fn host_f32(a: &Array, s: &Stream) -> Result<Vec<f32>> {
     let a = a.as_dtype(Dtype::Float32, s)?.contiguous(false, s)?;
-    crate::eval(&[&a])?;
+    crate::runtime::eval(&[&a])?;
     a.into_evaluated()?
         .try_to_vec::<f32>()
         .map_err(|e| Error::Shape(format!("reading router statistics: {e}")))
@@ -858,7 +858,7 @@ impl Moe {
         // so each rank knows how the rows it receives split by expert.
         let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
         // The counts travel with the statistics: one all_gather, one read.
-        let gathered = crate::all_gather(&routing.summary, &comm, s)?;
+        let gathered = crate::runtime::all_gather(&routing.summary, &comm, s)?;
         let (matrix, totals) = self.read_summaries(&gathered, n, s)?;
         let plan = RoutingPlan::from_bucket_matrix(&comm, &matrix, &owners)?;
         let sent = plan.send_counts().to_vec();
@@ -870,7 +870,7 @@ impl Moe {
         let routed = dispatched.route(&plan, s)?;
         // Every rank runs the exchange now and in the same order: a rank
         // whose experts got no rows would otherwise never evaluate its part.
-        crate::eval(&[routed.local()])?;
+        crate::runtime::eval(&[routed.local()])?;
         let received = plan.recv_counts().to_vec();
         // Rows arrive by source, each source's by expert: their local
         // expert ids, and the rows per local expert, from the counts.
@@ -895,7 +895,7 @@ impl Moe {
             s,
         )?;
         let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
-        crate::eval(&[back.local()])?;
+        crate::runtime::eval(&[back.local()])?;
         let combined = self.combine(&routing, back.local(), t, s)?;
 
         let (aux_loss, z_loss) = self.losses(&totals);

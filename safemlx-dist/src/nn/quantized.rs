@@ -24,8 +24,8 @@ use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 use crate::runtime::Group;
-use crate::sharded;
 use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
+use safemlx_dist_macros::sharded;
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
 /// `r` computes its chunk of the `H` outputs. No communication; the output

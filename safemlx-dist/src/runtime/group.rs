@@ -196,7 +196,7 @@ impl Group {
         // then says to set SAFEMLX_DIST_LOWERING=native.
         self.enter(super::progress::AGREEMENT, &mine);
         let both = native::unary(Unary::AllMax, &mine, &self.native, &stream)?;
-        crate::eval(&[&both])?;
+        super::eval(&[&both])?;
         let both = both.into_evaluated()?;
         let values = both.try_to_vec::<f32>().map_err(|e| Error::Native {
             operation: "lowering agreement",

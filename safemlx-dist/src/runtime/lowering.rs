@@ -12,8 +12,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::Backend;
 use crate::error::Error;
-use crate::Backend;
 
 /// The environment variable that forces a lowering on every rank.
 pub const LOWERING_ENV: &str = "SAFEMLX_DIST_LOWERING";

@@ -3,7 +3,7 @@
 use safemlx::{Array, Dtype, Stream};
 
 use crate::error::{Error, Result};
-use crate::Group;
+use crate::runtime::Group;
 
 /// What the typed layer needs from a group: rank, size and the collectives
 /// along any axis, for even and uneven chunks. [`Group`] (size known at run
@@ -36,7 +36,7 @@ pub trait Collective: Clone {
 
     /// Element-wise sum over ranks. Cost: an all-reduce of `x`.
     fn all_sum(&self, x: &Array, s: &Stream) -> Result<Array> {
-        crate::all_sum(x, self.group(), s)
+        crate::runtime::all_sum(x, self.group(), s)
     }
 
     /// Every rank's chunk along `axis` (rank `r`'s is `lengths[r]` long),
@@ -61,7 +61,7 @@ pub trait Collective: Clone {
         recv_counts: &Self::Counts,
         s: &Stream,
     ) -> Result<Array> {
-        crate::all_to_all_v(
+        crate::runtime::all_to_all_v(
             x,
             send_counts.as_ref(),
             recv_counts.as_ref(),
@@ -72,12 +72,12 @@ pub trait Collective: Clone {
 
     /// A lazy send to `destination` (see [`crate::send`]).
     fn send(&self, x: &Array, destination: usize, s: &Stream) -> Result<Array> {
-        crate::send(x, destination, self.group(), s)
+        crate::runtime::send(x, destination, self.group(), s)
     }
 
     /// A lazy receive from `source` (see [`crate::recv`]).
     fn recv(&self, shape: &[i32], dtype: Dtype, source: usize, s: &Stream) -> Result<Array> {
-        crate::recv(shape, dtype, source, self.group(), s)
+        crate::runtime::recv(shape, dtype, source, self.group(), s)
     }
 }
 
@@ -130,7 +130,7 @@ fn gather(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream) 
     let longest = lengths.iter().copied().max().unwrap_or(0);
     let mine = lengths.get(group.rank()).copied().unwrap_or(0);
     if lengths.iter().all(|&l| l == longest) {
-        return from_front(crate::all_gather(&front, group, s)?, axis, s);
+        return from_front(crate::runtime::all_gather(&front, group, s)?, axis, s);
     }
     // Uneven: pad every chunk to the longest, gather, keep each rank's rows.
     let padded = if mine < longest {
@@ -141,7 +141,7 @@ fn gather(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream) 
     } else {
         front
     };
-    let all = crate::all_gather(&padded, group, s)?;
+    let all = crate::runtime::all_gather(&padded, group, s)?;
     let pieces = lengths
         .iter()
         .enumerate()
@@ -154,9 +154,9 @@ fn scatter(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream)
     let even = lengths.windows(2).all(|w| w[0] == w[1]);
     if even {
         let front = to_front(x, axis, s)?;
-        return from_front(crate::sum_scatter(&front, group, s)?, axis, s);
+        return from_front(crate::runtime::sum_scatter(&front, group, s)?, axis, s);
     }
-    let sum = crate::all_sum(x, group, s)?;
+    let sum = crate::runtime::all_sum(x, group, s)?;
     let sum = crate::grad::sum_gradients(&sum, group, s)?;
     let offset: usize = lengths[..group.rank()].iter().sum();
     slice_axis(&sum, axis, offset, lengths[group.rank()], s)

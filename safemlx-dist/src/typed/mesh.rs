@@ -2,7 +2,7 @@
 
 use super::Collective;
 use crate::error::{Error, Result};
-use crate::Group;
+use crate::runtime::Group;
 
 /// A group of exactly `N` ranks, known at compile time.
 ///

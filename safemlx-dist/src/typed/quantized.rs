@@ -23,7 +23,7 @@ use super::weights::FieldLayout;
 use super::Collective;
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
-use crate::Group;
+use crate::runtime::Group;
 
 mod sealed {
     pub trait Sealed {}
@@ -192,7 +192,7 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
         let weight = self.comm.all_gather(&q.weight, axis, &values, s)?;
         let scales = self.comm.all_gather(&q.scales, axis, &groups, s)?;
         let biases = self.comm.all_gather(&q.biases, axis, &groups, s)?;
-        crate::eval(&[&weight, &scales, &biases])?;
+        crate::runtime::eval(&[&weight, &scales, &biases])?;
         AffineWeight::new(weight, scales, biases, q.group_size, q.bits)
     }
 }

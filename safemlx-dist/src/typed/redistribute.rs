@@ -150,7 +150,7 @@ fn all_to_all<P: Placement, C: Collective>(
         .map(|src| piece_shape(src).iter().map(|&d| d as usize).product())
         .collect();
     let flat = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
-    let exchanged = crate::all_to_all_v(&flat, &send, &recv, comm.group(), s)?;
+    let exchanged = crate::runtime::all_to_all_v(&flat, &send, &recv, comm.group(), s)?;
     let bounds: Vec<i32> = (1..n)
         .map(|k| {
             i32::try_from(recv[..k].iter().sum::<usize>())

@@ -38,9 +38,9 @@ impl RoutingPlan {
             .map(|&c| i32::try_from(c).map_err(|_| Error::ShapeOverflow { value: c }))
             .collect::<Result<Vec<_>>>()?;
         let mine = Array::from_slice(&as_i32, &[n as i32]);
-        let all = crate::all_gather(&mine, comm.group(), s)?;
+        let all = crate::runtime::all_gather(&mine, comm.group(), s)?;
         let all = all.as_dtype(Dtype::Int32, s)?;
-        crate::eval(&[&all])?;
+        crate::runtime::eval(&[&all])?;
         let all = all.into_evaluated()?;
         let matrix = all.try_to_vec::<i32>().map_err(|e| Error::Native {
             operation: "routing plan exchange",
@@ -78,9 +78,9 @@ impl RoutingPlan {
             .map(|&c| i32::try_from(c).map_err(|_| Error::ShapeOverflow { value: c }))
             .collect::<Result<Vec<_>>>()?;
         let mine = Array::from_slice(&as_i32, &[buckets as i32]);
-        let all = crate::all_gather(&mine, comm.group(), s)?;
+        let all = crate::runtime::all_gather(&mine, comm.group(), s)?;
         let all = all.as_dtype(Dtype::Int32, s)?;
-        crate::eval(&[&all])?;
+        crate::runtime::eval(&[&all])?;
         let all = all.into_evaluated()?;
         let flat = all.try_to_vec::<i32>().map_err(|e| Error::Native {
             operation: "routing plan exchange",
@@ -189,8 +189,13 @@ impl<P: Routable, C: Collective> ShardedArray<P, C> {
     /// order, as a `Ragged` array. Cost: one `all_to_all_v` of exactly the
     /// rows routed.
     pub fn route(&self, plan: &RoutingPlan, s: &Stream) -> Result<ShardedArray<Ragged, C>> {
-        let local =
-            crate::all_to_all_v(self.local(), &plan.send, &plan.recv, self.comm().group(), s)?;
+        let local = crate::runtime::all_to_all_v(
+            self.local(),
+            &plan.send,
+            &plan.recv,
+            self.comm().group(),
+            s,
+        )?;
         let mut global = self.global_shape().to_vec();
         if let Some(rows) = global.first_mut() {
             *rows = -1; // Ragged: the logical row count is not tracked.
@@ -214,8 +219,13 @@ impl<C: Collective> ShardedArray<Ragged, C> {
         s: &Stream,
     ) -> Result<ShardedArray<P, C>> {
         let back = plan.reversed();
-        let local =
-            crate::all_to_all_v(self.local(), &back.send, &back.recv, self.comm().group(), s)?;
+        let local = crate::runtime::all_to_all_v(
+            self.local(),
+            &back.send,
+            &back.recv,
+            self.comm().group(),
+            s,
+        )?;
         Ok(ShardedArray::new_unchecked(
             local,
             self.comm().clone(),
@@ -230,8 +240,8 @@ impl<C: Collective> ShardedArray<Ragged, C> {
         let rows = usize::try_from(self.local().shape().first().copied().unwrap_or(0)).unwrap_or(0);
         let n = comm.size();
         let counts = Array::from_slice(&[rows as i32], &[1]);
-        let all = crate::all_gather(&counts, comm.group(), s)?;
-        crate::eval(&[&all])?;
+        let all = crate::runtime::all_gather(&counts, comm.group(), s)?;
+        crate::runtime::eval(&[&all])?;
         let all = all.into_evaluated()?;
         let lengths: Vec<usize> = all
             .try_to_vec::<i32>()

@@ -9,7 +9,7 @@ use safemlx::Array;
 use super::placement::{chunk, Placement};
 use super::Collective;
 use crate::error::{Error, Result};
-use crate::Group;
+use crate::runtime::Group;
 
 /// A logical array laid out across the ranks of `C` as placement `P`.
 ///

@@ -131,7 +131,7 @@ pub fn gather_weight<P: Placement, C: Collective>(
     let gathered = weight
         .comm()
         .all_gather(weight.local(), axis, &lengths, s)?;
-    crate::eval(&[&gathered])?;
+    crate::runtime::eval(&[&gathered])?;
     let n = weight.comm().size();
     if segments <= 1 || n == 1 {
         return Ok(gathered);
