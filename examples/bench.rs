@@ -120,6 +120,15 @@ fn ops() -> Vec<(&'static str, Op, Traffic)> {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "bench",
+        "Collective latency and bandwidth, JSON lines",
+        &[
+            safemlx_dist_examples::BACKEND,
+            ("--out", Some("FILE"), "Append the JSON lines to FILE"),
+            ("--max-bytes", Some("N"), "The largest message"),
+        ],
+    );
     let backend = backend_from_args()?;
     let out = flag("--out");
     let max_bytes = flag("--max-bytes")

@@ -40,6 +40,24 @@ fn number(name: &str, default: usize) -> Result<usize, String> {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "bench_generate",
+        "Prefill and decode tokens/s of a model, JSON lines",
+        &[
+            safemlx_dist_examples::BACKEND,
+            ("--model", Some("DIR|FILE.gguf"), "The model"),
+            ("--out", Some("FILE"), "Append the JSON lines to FILE"),
+            ("--prompt-tokens", Some("N"), "Prompt length"),
+            ("--decode-tokens", Some("N"), "Decode steps"),
+            ("--repeats", Some("N"), "Repetitions"),
+            ("--dequantize", None, "Load quantized weights as float32"),
+            (
+                "--experts",
+                Some("parallel|tensor-parallel"),
+                "Where an MoE model's experts go",
+            ),
+        ],
+    );
     let model_path = flag("--model").ok_or("--model FILE is required")?;
     let out = flag("--out").ok_or("--out FILE is required")?;
     let prompt_len = number("--prompt-tokens", 512)?;

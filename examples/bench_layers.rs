@@ -266,6 +266,26 @@ fn barrier(group: Option<&Group>, s: &Stream) -> Result<(), String> {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "bench_layers",
+        "A parallel layer's step time against its dense baseline, JSON lines",
+        &[
+            safemlx_dist_examples::BACKEND,
+            ("--layer", Some("mlp|attention|moe"), "The layer"),
+            ("--tokens", Some("T"), "Tokens"),
+            ("--d-model", Some("D"), "Model width"),
+            ("--hidden", Some("H"), "Hidden width"),
+            ("--heads", Some("N"), "Attention heads"),
+            ("--experts", Some("E"), "Experts"),
+            ("--top-k", Some("K"), "Experts per token"),
+            ("--placement", Some("P"), "Expert placement"),
+            ("--expert-matmul", Some("M"), "Expert matmul"),
+            ("--iters", Some("N"), "Timed iterations"),
+            ("--threads", Some("N"), "BLAS threads"),
+            ("--dense", None, "The dense baseline in one process"),
+            ("--out", Some("FILE"), "Append the JSON lines to FILE"),
+        ],
+    );
     let c = Config::from_args()?;
     let dense_mode = std::env::args().any(|a| a == "--dense");
     let threads = flag("--threads").unwrap_or_else(|| "1".to_owned());

@@ -22,6 +22,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line("collectives", "Every collective on this group of ranks, with its inputs and outputs: safemlx-launch -n N -- collectives", &[safemlx_dist_examples::BACKEND]);
     let backend = backend_from_args()?;
     let stream = cpu_stream();
     let group = init(false, backend).map_err(|e| e.to_string())?;

@@ -218,6 +218,54 @@ pub fn time_steps(
     Ok(started.elapsed().as_secs_f64() / iters as f64)
 }
 
+/// One option of a program's command line: `--name`, its value's name
+/// (`None` for a switch) and its help.
+pub type Opt = (&'static str, Option<&'static str>, &'static str);
+
+/// `--backend B`, which every program takes.
+pub const BACKEND: Opt = (
+    "--backend",
+    Some("B"),
+    "MLX's distributed backend: any, ring, mpi, jaccl or nccl [default: $SAFEMLX_DIST_BACKEND, or ring]",
+);
+
+/// The options of [`checkpoint`], [`save_requested`] and
+/// [`check_requested`].
+pub const CHECKPOINT: [Opt; 3] = [
+    (
+        "--checkpoint",
+        Some("FILE"),
+        "A safetensors checkpoint [default: a random one in the temporary directory]",
+    ),
+    (
+        "--save",
+        Some("FILE"),
+        "Gather the weights and save them (rank 0 writes)",
+    ),
+    (
+        "--check",
+        None,
+        "Compare with the dense computation in one process",
+    ),
+];
+
+/// Checks this program's command line with clap against `options`
+/// (`--help` prints them and exits 0; an unknown or mistyped flag, or a
+/// missing value, is an error that names it and suggests the closest one,
+/// exit 2). The values are then read with [`flag`].
+pub fn command_line(name: &'static str, about: &'static str, options: &[Opt]) {
+    let mut command = clap::Command::new(name).about(about);
+    for &(long, value, help) in options {
+        let id = long.trim_start_matches("--");
+        let arg = clap::Arg::new(id).long(id).help(help);
+        command = command.arg(match value {
+            Some(value) => arg.value_name(value).action(clap::ArgAction::Set),
+            None => arg.action(clap::ArgAction::SetTrue),
+        });
+    }
+    command.get_matches();
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -35,6 +35,21 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "moe",
+        "An expert-parallel MoE layer loaded from a checkpoint, tokens routed with all_to_all_v",
+        &[
+            safemlx_dist_examples::BACKEND,
+            (
+                "--prefix",
+                Some("PREFIX"),
+                "The tensors' name prefix [default: moe.]",
+            ),
+            safemlx_dist_examples::CHECKPOINT[0],
+            safemlx_dist_examples::CHECKPOINT[1],
+            safemlx_dist_examples::CHECKPOINT[2],
+        ],
+    );
     let err = |e: safemlx_dist::Error| e.to_string();
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;

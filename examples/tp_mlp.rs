@@ -31,6 +31,21 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "tp_mlp",
+        "A tensor-parallel SwiGLU MLP loaded from a checkpoint, each rank reading its part",
+        &[
+            safemlx_dist_examples::BACKEND,
+            (
+                "--prefix",
+                Some("PREFIX"),
+                "The tensors' name prefix [default: mlp.]",
+            ),
+            safemlx_dist_examples::CHECKPOINT[0],
+            safemlx_dist_examples::CHECKPOINT[1],
+            safemlx_dist_examples::CHECKPOINT[2],
+        ],
+    );
     let err = |e: safemlx_dist::Error| e.to_string();
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;

@@ -397,6 +397,7 @@ fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
     let s = cpu_stream();
     let backend = backend_from_args()?;
     let world = safemlx_dist::init(false, backend).map_err(err)?;

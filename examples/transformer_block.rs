@@ -99,6 +99,22 @@ fn dense_block(
 }
 
 fn run() -> Result<(), String> {
+    safemlx_dist_examples::command_line(
+        "transformer_block",
+        "A tensor-parallel transformer block loaded from a checkpoint",
+        &[
+            safemlx_dist_examples::BACKEND,
+            ("--moe", None, "An MoE block (in the random checkpoint)"),
+            (
+                "--sequence-parallel",
+                None,
+                "Tokens split by rows between layers",
+            ),
+            safemlx_dist_examples::CHECKPOINT[0],
+            safemlx_dist_examples::CHECKPOINT[1],
+            safemlx_dist_examples::CHECKPOINT[2],
+        ],
+    );
     let sequence_parallel = std::env::args().any(|a| a == "--sequence-parallel");
     let s = cpu_stream();
     let group = init(false, backend_from_args()?).map_err(err)?;

@@ -1,4 +1,4 @@
-//! The command lines of the programs users run: `--help` prints the usage,
+//! The command lines of the programs the project ships: `--help` prints the usage,
 //! an unknown or mistyped flag is an error that names it (and the closest
 //! known one), and nothing runs then.
 
@@ -85,4 +85,42 @@ fn the_launcher_refuses_remote_options_without_hosts() {
             "{err}"
         );
     }
+}
+
+/// Every program the project ships answers `--help` and refuses a flag it
+/// does not know, before it joins a group or reads a file.
+#[test]
+fn every_program_answers_help_and_refuses_unknown_flags() {
+    for program in [
+        "collectives",
+        "tp_mlp",
+        "moe",
+        "transformer_block",
+        "generate",
+        "train",
+        "bench",
+        "bench_layers",
+        "bench_generate",
+    ] {
+        let exe = built(&format!("examples/{program}"));
+        let out = Command::new(&exe).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{program}: {help}");
+        assert!(
+            help.contains(&format!("Usage: {program}")),
+            "{program}: {help}"
+        );
+        assert!(help.contains("--backend"), "{program}: {help}");
+        let out = Command::new(&exe).arg("--checkpont").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{program}: {err}");
+        assert!(
+            err.starts_with("error: unexpected argument '--checkpont' found"),
+            "{program}: {err}"
+        );
+    }
+    let launch = built("safemlx-launch");
+    let out = Command::new(&launch).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("usage: safemlx-launch"));
 }
