@@ -78,8 +78,12 @@ impl ProgressDir {
         if silent.is_empty() {
             let silences = self.silences(ranks);
             let all_alive = silences.iter().all(|s| s.is_some_and(|ms| ms < SILENT_MS));
+            // Without a rank whose own timeout fired (the launcher's
+            // `--timeout` cut the run), live ranks are a moving snapshot:
+            // one may be a step ahead of another without anyone behind.
+            let timed_out = records.iter().flatten().any(|r| r.waits);
             return match (sentence, latest) {
-                (Some(s), _) if all_alive && some_behind => Some(format!(
+                (Some(s), _) if all_alive && some_behind && timed_out => Some(format!(
                     "{s}; every rank shows signs of life (none is stopped)"
                 )),
                 (Some(_), Some(latest)) if all_alive => Some(format!(
