@@ -14,6 +14,9 @@ pub(crate) struct Hosts {
     pub program: std::path::PathBuf,
 }
 
+/// Open MPI's base directory for its session directories.
+pub(crate) const SESSION_BASE_ENV: &str = "OMPI_MCA_orte_tmpdir_base";
+
 /// `mpirun` flags: allowed as root, more ranks than cores allowed, and each
 /// output line tagged `[1,K]<stdout>:` so it can be relabelled `[rank K] `;
 /// with `hosts`, `--host a:3,b:2` (ranks in order) and mpirun's daemons
@@ -63,6 +66,19 @@ pub(crate) fn command(
     }
     for (key, value) in env {
         mpirun.env(key, value).arg("-x").arg(key);
+    }
+    // Open MPI's session directory (its `ompi.HOST.UID` tree, shared-memory
+    // backing files) inside the launch's own directory, which goes when the
+    // launch ends, or when a rank finds its launcher gone; not in $TMPDIR,
+    // where runs ended by a signal left them. Local runs only: a remote
+    // host has no such directory. A base the user chose is kept.
+    let progress = env
+        .iter()
+        .find(|(key, _)| key == crate::runtime::PROGRESS_DIR_ENV);
+    if let (None, Some((_, dir))) = (hosts, progress) {
+        if std::env::var_os(SESSION_BASE_ENV).is_none() {
+            mpirun.env(SESSION_BASE_ENV, dir);
+        }
     }
     // Each rank runs under a small shell wrapper that reports its own exit
     // status: mpirun's report of the failed rank is not always printed.

@@ -1,0 +1,101 @@
+//! What an MPI launch leaves behind: Open MPI's session directory lives in
+//! the launch's own temporary directory, and nothing is left in `$TMPDIR`
+//! after the run, whether it ends by itself, by the launcher's SIGTERM or
+//! by its SIGKILL (the ranks then find their launcher gone and clean up).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const RANK_ENV: &str = "LAUNCH_LEFTOVERS_RANK";
+
+/// A rank: joins its MPI group, then sums for about three seconds.
+fn rank() {
+    let group = safemlx_dist::init(true, safemlx_dist::Backend::Mpi).expect("joins");
+    println!("joined {}", group.rank());
+    let s = safemlx::Stream::new_with_device(&safemlx::Device::new(safemlx::DeviceType::Cpu, 0));
+    let x = safemlx::Array::from_slice(&[1.0f32; 16], &[16]);
+    for _ in 0..60 {
+        let y = safemlx_dist::all_sum(&x, &group, &s).expect("all_sum");
+        safemlx_dist::eval(&[&y]).expect("evaluates");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn an_mpi_launch_leaves_nothing_in_tmpdir() {
+    const TEST: &str = "an_mpi_launch_leaves_nothing_in_tmpdir";
+    if std::env::var(RANK_ENV).is_ok() {
+        return rank();
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    for signal in ["none", "TERM", "KILL"] {
+        let tmp =
+            std::env::temp_dir().join(format!("safemlx-leftovers-{signal}-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+            .args(["-n", "2", "--backend", "mpi", "--timeout", "60", "--"])
+            .arg(&exe)
+            .args([TEST, "--exact", "--nocapture"])
+            .env(RANK_ENV, "1")
+            .env("TMPDIR", &tmp)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("safemlx-launch runs");
+        let (lines, received) = mpsc::channel();
+        let out = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let mut joined = 0;
+        while joined < 2 {
+            let line = received
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{signal}: the ranks did not join"));
+            joined += usize::from(line.contains("joined "));
+        }
+        // While it runs: one directory, the launch's, holding Open MPI's.
+        let top = entries(&tmp);
+        assert!(
+            top.len() == 1 && top[0].starts_with("safemlx-launch-"),
+            "{signal}: {top:?}"
+        );
+        let inside = entries(&tmp.join(&top[0]));
+        assert!(
+            inside.iter().any(|n| n.starts_with("ompi.")),
+            "{signal}: no session directory in the launch's: {inside:?}"
+        );
+        if signal != "none" {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+        }
+        let _ = child.wait();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !entries(&tmp).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(
+            entries(&tmp),
+            Vec::<String>::new(),
+            "{signal}: left in TMPDIR"
+        );
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+}
