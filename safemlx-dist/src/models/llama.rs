@@ -215,7 +215,7 @@ impl Llama {
             .map(|i| {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
-                    Some(m) if m.is_moe_layer(i) => Mlp::Moe(moe(&w, c, m, &path, s)?),
+                    Some(m) if m.is_moe_layer(i) => Mlp::Moe(moe(&w, c, m, s)?),
                     _ => Mlp::load(&w.pp("mlp"), (d, c.intermediate_size), s)?,
                 };
                 Ok(DecoderLayer {
@@ -480,13 +480,7 @@ impl Parameters for Llama {
 
 /// The MoE block of a layer (`w` at `model.layers.{i}`): Mixtral's
 /// `block_sparse_moe`, or `mlp` (Qwen's, and Mixtral's in Transformers 5).
-fn moe(
-    w: &Weights,
-    c: &LlamaConfig,
-    m: &super::MoeSettings,
-    path: &str,
-    s: &Stream,
-) -> Result<Moe> {
+fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Result<Moe> {
     let block = if w.contains(&format!("{}gate.weight", m.block)) {
         m.block
     } else {
@@ -501,7 +495,7 @@ fn moe(
     .find(|name| w.quantization(name).is_some());
     if let Some(probe) = probe {
         return Err(Error::Model {
-            path: path.to_owned(),
+            path: w.source().path().display().to_string(),
             message: format!(
                 "tensor `{}` is quantized; quantized experts are not supported yet: load the float model",
                 w.name(&probe)

@@ -14,6 +14,8 @@
 
 pub mod config;
 mod config_check;
+mod config_gguf;
+mod config_hf;
 pub mod llama;
 
 use std::path::Path;

@@ -1,0 +1,184 @@
+//! A Llama-family configuration from a GGUF file's metadata.
+
+use super::config::{Family, LlamaConfig, RopeScaling};
+use crate::checkpoint::{GgufFile, GgufValue};
+use crate::error::{Error, Result};
+
+impl LlamaConfig {
+    /// Reads a GGUF file's metadata (`general.architecture` `llama`, `qwen2`
+    /// or `qwen3`; llama.cpp stores Mistral as `llama`). Tied embeddings
+    /// are a file without `output.weight`; Llama 3's RoPE scaling is the
+    /// `rope_freqs.weight` tensor.
+    ///
+    /// # Errors
+    /// An unsupported architecture, or a missing or ill-typed key (named).
+    pub fn from_gguf(file: &GgufFile, s: &safemlx::Stream) -> Result<Self> {
+        let path = file.path().display().to_string();
+        let fail = |message: String| Error::Model {
+            path: path.clone(),
+            message,
+        };
+        let meta = file.metadata();
+        let arch = meta
+            .get("general.architecture")
+            .and_then(GgufValue::as_str)
+            .ok_or_else(|| fail("has no general.architecture".to_owned()))?;
+        let family = match arch {
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            other => {
+                return Err(fail(format!(
+                    "general.architecture is \"{other}\", which is not a Llama-family model read here; supported: llama, qwen2, qwen3"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let int = |k: &str| -> Result<Option<usize>> {
+            match meta.get(k) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .map(Some)
+                    .ok_or_else(|| fail(format!("{k} is {v:?}, not a whole number"))),
+            }
+        };
+        let need = |k: &str| -> Result<usize> {
+            int(k)?
+                .filter(|v| *v > 0)
+                .ok_or_else(|| fail(format!("has no positive {k}")))
+        };
+        let float = |k: &str| -> Result<Option<f32>> {
+            match meta.get(k) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(|v| Some(v as f32))
+                    .ok_or_else(|| fail(format!("{k} is {v:?}, not a number"))),
+            }
+        };
+        let hidden_size = need(&key("embedding_length"))?;
+        let heads = need(&key("attention.head_count"))?;
+        let kv_heads = int(&key("attention.head_count_kv"))?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(fail(format!(
+                "{} ({heads}) is not a multiple of {} ({kv_heads})",
+                key("attention.head_count"),
+                key("attention.head_count_kv")
+            )));
+        }
+        let head_dim = match int(&key("attention.key_length"))? {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => {
+                return Err(fail(format!(
+                    "{} ({hidden_size}) is not a multiple of {} ({heads}) and there is no {}",
+                    key("embedding_length"),
+                    key("attention.head_count"),
+                    key("attention.key_length")
+                )))
+            }
+        };
+        if let Some(n) = int(&key("rope.dimension_count"))? {
+            if n != head_dim {
+                return Err(fail(format!(
+                    "{} is {n} but the head dimension is {head_dim}: rotating part of each head is not supported (llama.cpp refuses it too: \"invalid n_rot\")",
+                    key("rope.dimension_count")
+                )));
+            }
+        }
+        let tokens = meta
+            .get("tokenizer.ggml.tokens")
+            .and_then(GgufValue::as_array)
+            .map(<[GgufValue]>::len);
+        let vocab_size = match int(&key("vocab_size"))?.or(tokens) {
+            Some(v) if v > 0 => v,
+            _ => {
+                return Err(fail(format!(
+                    "has no {} and no tokenizer.ggml.tokens",
+                    key("vocab_size")
+                )))
+            }
+        };
+        let rope_theta = float(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rope_scaling = if file.tensors().contains_key("rope_freqs.weight") {
+            let factors = file.read("rope_freqs.weight", s)?;
+            let factors = factors
+                .into_evaluated()
+                .map_err(Error::from)?
+                .try_to_vec::<f32>()
+                .map_err(|e| fail(format!("rope_freqs.weight: {e}")))?;
+            if factors.len() != head_dim / 2 {
+                return Err(fail(format!(
+                    "rope_freqs.weight has {} values for a head_dim of {head_dim} ({} expected)",
+                    factors.len(),
+                    head_dim / 2
+                )));
+            }
+            RopeScaling::Factors(factors)
+        } else {
+            match meta
+                .get(&key("rope.scaling.type"))
+                .and_then(GgufValue::as_str)
+            {
+                None | Some("none") => RopeScaling::None,
+                Some("linear") => RopeScaling::Linear {
+                    factor: float(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+                },
+                Some(other) => {
+                    return Err(fail(format!(
+                        "{} is \"{other}\"; supported: none, linear",
+                        key("rope.scaling.type")
+                    )))
+                }
+            }
+        };
+        let id =
+            |k: &str| -> Result<Option<u32>> { Ok(int(k)?.and_then(|v| u32::try_from(v).ok())) };
+        if int(&key("expert_count"))?.unwrap_or(0) > 0 {
+            return Err(fail(format!(
+                "{} is set: mixture-of-experts GGUF files are not read here; use the model's Hugging Face directory",
+                key("expert_count")
+            )));
+        }
+        let bias = file.tensors().contains_key("blk.0.attn_q.bias");
+        if bias && family == Family::Llama {
+            return Err(fail(
+                "a llama GGUF with attention biases (blk.0.attn_q.bias) is not supported: llama.cpp's q/k row order for it is not handled".to_owned(),
+            ));
+        }
+        let config = Self {
+            family,
+            vocab_size,
+            hidden_size,
+            intermediate_size: need(&key("feed_forward_length"))?,
+            layers: need(&key("block_count"))?,
+            heads,
+            kv_heads,
+            head_dim,
+            rms_norm_eps: float(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: !file.tensors().contains_key("output.weight"),
+            qkv_bias: family == Family::Qwen2 || bias,
+            qk_norm: family == Family::Qwen3,
+            max_position_embeddings: int(&key("context_length"))?.unwrap_or(0),
+            sliding_window: None,
+            eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+            bos_token_id: id("tokenizer.ggml.bos_token_id")?,
+            moe: None,
+        };
+        config.check_values(
+            [
+                &key("rope.freq_base"),
+                &key("attention.layer_norm_rms_epsilon"),
+                &key("rope.scaling.factor"),
+                "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.bos_token_id",
+            ],
+            &fail,
+        )?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,257 @@
+//! A Llama-family configuration from a Hugging Face `config.json`.
+
+use serde_json::Value;
+
+use super::config::{Family, LlamaConfig, MoeSettings, RopeScaling};
+use crate::error::{Error, Result};
+use crate::nn::{ExpertPlacement, Gating, HfExpertNames};
+
+impl LlamaConfig {
+    /// Reads a Hugging Face `config.json` (`path` is for messages).
+    ///
+    /// # Errors
+    /// An unsupported `model_type`, a missing or ill-typed key, or values
+    /// that do not fit together (e.g. heads that do not divide the model
+    /// dimension without a `head_dim`); the message names the key.
+    pub fn from_hf(json: &Value, path: &str) -> Result<Self> {
+        let fail = |message: String| Error::Model {
+            path: path.to_owned(),
+            message,
+        };
+        let model_type = json
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| fail("config.json has no \"model_type\"".to_owned()))?;
+        let family = Family::MODEL_TYPES
+            .iter()
+            .find(|(name, _)| *name == model_type)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                fail(format!(
+                    "model_type \"{model_type}\" is not a Llama-family model read here; supported: {}",
+                    Family::MODEL_TYPES.map(|(n, _)| n).join(", ")
+                ))
+            })?;
+        let int = |key: &str| -> Result<Option<usize>> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|v| usize::try_from(v).ok())
+                    .map(Some)
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a whole number"))),
+            }
+        };
+        let need = |key: &str| -> Result<usize> {
+            match int(key)? {
+                Some(0) => Err(fail(format!("\"{key}\" is 0"))),
+                Some(v) => Ok(v),
+                None => Err(fail(format!("config.json has no \"{key}\""))),
+            }
+        };
+        let float = |key: &str, within: &Value| -> Result<Option<f32>> {
+            match within.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(|v| Some(v as f32))
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a number"))),
+            }
+        };
+        let flag = |key: &str| -> Result<Option<bool>> {
+            match json.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_bool()
+                    .map(Some)
+                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not true or false"))),
+            }
+        };
+        let hidden_size = need("hidden_size")?;
+        let heads = need("num_attention_heads")?;
+        let kv_heads = int("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(fail(format!(
+                "num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+            )));
+        }
+        let head_dim = match int("head_dim")? {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => {
+                return Err(fail(format!(
+                    "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({heads}) and there is no \"head_dim\""
+                )))
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(fail(format!(
+                "head_dim is {head_dim}; RoPE rotates pairs, so it must be even"
+            )));
+        }
+        if flag("mlp_bias")? == Some(true) {
+            return Err(fail(
+                "\"mlp_bias\" is true; MLP biases are not supported".to_owned(),
+            ));
+        }
+        // Transformers 5 keeps rope_theta and the scaling in "rope_parameters".
+        let rope = json
+            .get("rope_parameters")
+            .filter(|v| v.is_object())
+            .or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
+        let rope_theta = match rope.map(|r| float("rope_theta", r)).transpose()?.flatten() {
+            Some(theta) => theta,
+            None => float("rope_theta", json)?.unwrap_or(10_000.0),
+        };
+        let rope_scaling = match rope {
+            None => RopeScaling::None,
+            Some(r) => rope_scaling(r, &float, &fail)?,
+        };
+        let eos_token_ids = match json.get("eos_token_id") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    fail("\"eos_token_id\" has an entry that is not a token id".to_owned())
+                })?,
+            Some(v) => vec![v
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| fail(format!("\"eos_token_id\" is {v}, not a token id")))?],
+        };
+        let bos_token_id = int("bos_token_id")?.and_then(|v| u32::try_from(v).ok());
+        let sliding_window = match family {
+            Family::Mistral | Family::Mixtral => int("sliding_window")?,
+            _ => None,
+        };
+        let moe = match family {
+            Family::Mixtral => Some(MoeSettings {
+                experts: need("num_local_experts")?,
+                top_k: need("num_experts_per_tok")?,
+                hidden: need("intermediate_size")?,
+                gating: Gating::TopKSoftmax,
+                shared_hidden: None,
+                sparse_step: 1,
+                mlp_only_layers: Vec::new(),
+                block: "block_sparse_moe.",
+                names: HfExpertNames::MIXTRAL,
+                placement: ExpertPlacement::ExpertParallel,
+            }),
+            Family::Qwen2Moe | Family::Qwen3Moe => {
+                let mlp_only_layers = match json.get("mlp_only_layers") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(layers)) => layers
+                        .iter()
+                        .map(|v| v.as_u64().and_then(|v| usize::try_from(v).ok()))
+                        .collect::<Option<Vec<usize>>>()
+                        .ok_or_else(|| {
+                            fail(
+                                "\"mlp_only_layers\" has an entry that is not a layer index"
+                                    .to_owned(),
+                            )
+                        })?,
+                    Some(v) => {
+                        return Err(fail(format!(
+                            "\"mlp_only_layers\" is {v}, not a list of layer indices"
+                        )))
+                    }
+                };
+                Some(MoeSettings {
+                    experts: need("num_experts")?,
+                    top_k: need("num_experts_per_tok")?,
+                    hidden: need("moe_intermediate_size")?,
+                    gating: Gating::SoftmaxTopK {
+                        normalize: flag("norm_topk_prob")?.unwrap_or(false),
+                    },
+                    shared_hidden: match family {
+                        Family::Qwen2Moe => {
+                            int("shared_expert_intermediate_size")?.filter(|h| *h > 0)
+                        }
+                        _ => None,
+                    },
+                    sparse_step: int("decoder_sparse_step")?.unwrap_or(1).max(1),
+                    mlp_only_layers,
+                    block: "mlp.",
+                    names: HfExpertNames::QWEN,
+                    placement: ExpertPlacement::ExpertParallel,
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = &moe {
+            if m.top_k > m.experts {
+                return Err(fail(format!(
+                    "num_experts_per_tok ({}) exceeds the {} experts",
+                    m.top_k, m.experts
+                )));
+            }
+        }
+        let config = Self {
+            family,
+            vocab_size: need("vocab_size")?,
+            hidden_size,
+            intermediate_size: need("intermediate_size")?,
+            layers: need("num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            rms_norm_eps: float("rms_norm_eps", json)?.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
+            qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe)
+                || flag("attention_bias")?.unwrap_or(false),
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
+            max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
+            sliding_window,
+            eos_token_ids,
+            bos_token_id,
+            moe,
+        };
+        config.check_values(
+            [
+                "rope_theta",
+                "rms_norm_eps",
+                "rope_scaling",
+                "eos_token_id",
+                "bos_token_id",
+            ],
+            &fail,
+        )?;
+        Ok(config)
+    }
+}
+
+type FloatOf<'a> = dyn Fn(&str, &Value) -> Result<Option<f32>> + 'a;
+
+fn rope_scaling(
+    r: &Value,
+    float: &FloatOf<'_>,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<RopeScaling> {
+    let kind = r
+        .get("rope_type")
+        .or_else(|| r.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let factor = || -> Result<f32> {
+        float("factor", r)?
+            .ok_or_else(|| fail(format!("rope scaling \"{kind}\" has no \"factor\"")))
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: float("low_freq_factor", r)?.unwrap_or(1.0),
+            high_freq_factor: float("high_freq_factor", r)?.unwrap_or(4.0),
+            original_max_position_embeddings: float("original_max_position_embeddings", r)?
+                .unwrap_or(8192.0),
+        }),
+        other => Err(fail(format!(
+            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3"
+        ))),
+    }
+}
