@@ -16,120 +16,17 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use safemlx::{Array, Stream};
 
+use super::ggml::{dequantize, to_affine, GgmlType};
+use super::gguf_header::{GgufValue, Header};
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
-
-/// A metadata value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum GgufValue {
-    /// Any of the integer types, widened.
-    Int(i128),
-    /// `f32` or `f64`.
-    Float(f64),
-    /// A boolean.
-    Bool(bool),
-    /// A string.
-    String(String),
-    /// An array of values.
-    Array(Vec<GgufValue>),
-}
-
-impl GgufValue {
-    /// The value as a whole number, if it is one.
-    pub fn as_u64(&self) -> Option<u64> {
-        match self {
-            Self::Int(v) => u64::try_from(*v).ok(),
-            _ => None,
-        }
-    }
-
-    /// The value as a number.
-    pub fn as_f64(&self) -> Option<f64> {
-        match self {
-            Self::Int(v) => Some(*v as f64),
-            Self::Float(v) => Some(*v),
-            _ => None,
-        }
-    }
-
-    /// The value as a string.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Self::String(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    /// The value as an array.
-    pub fn as_array(&self) -> Option<&[GgufValue]> {
-        match self {
-            Self::Array(a) => Some(a),
-            _ => None,
-        }
-    }
-}
-
-/// The tensor types read here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgmlType {
-    /// `float32`.
-    F32,
-    /// `float16`.
-    F16,
-    /// `bfloat16`.
-    Bf16,
-    /// 8-bit, blocks of 32 with an f16 scale.
-    Q8_0,
-    /// 4-bit, blocks of 32 with an f16 scale (values offset by 8).
-    Q4_0,
-    /// 4-bit, blocks of 32 with an f16 scale and minimum.
-    Q4_1,
-}
-
-impl GgmlType {
-    /// (elements, bytes) of one block.
-    fn block(self) -> (usize, usize) {
-        match self {
-            Self::F32 => (1, 4),
-            Self::F16 | Self::Bf16 => (1, 2),
-            Self::Q8_0 => (32, 34),
-            Self::Q4_0 => (32, 18),
-            Self::Q4_1 => (32, 20),
-        }
-    }
-
-    fn from_code(code: u32) -> std::result::Result<Self, String> {
-        Ok(match code {
-            0 => Self::F32,
-            1 => Self::F16,
-            30 => Self::Bf16,
-            8 => Self::Q8_0,
-            2 => Self::Q4_0,
-            3 => Self::Q4_1,
-            other => return Err(format!("{} ({other})", ggml_type_name(other))),
-        })
-    }
-}
-
-/// llama.cpp's names of its tensor types, for messages.
-fn ggml_type_name(code: u32) -> &'static str {
-    const NAMES: [&str; 31] = [
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16",
-    ];
-    NAMES
-        .get(code as usize)
-        .copied()
-        .unwrap_or("an unknown type")
-}
 
 /// Where a tensor is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,100 +57,6 @@ pub struct GgufFile {
     tensors: BTreeMap<String, GgufTensor>,
     data_start: u64,
     bytes_read: AtomicU64,
-}
-
-/// The most tensors, metadata entries and array elements one file may
-/// declare; more is a damaged file (a count read from garbage).
-const MAX_COUNT: u64 = 1 << 24;
-
-/// Reads the header's primitives, counting bytes, never past `len`.
-struct Header<R: Read> {
-    reader: R,
-    at: u64,
-    len: u64,
-}
-
-impl<R: Read> Header<R> {
-    fn bytes(&mut self, n: u64, what: &str) -> std::result::Result<Vec<u8>, String> {
-        if n > self.len.saturating_sub(self.at) {
-            return Err(format!(
-                "{what} at byte {} needs {n} bytes but the file ends at {}; the file is truncated or damaged",
-                self.at, self.len
-            ));
-        }
-        let mut buf = vec![0u8; n as usize];
-        self.reader
-            .read_exact(&mut buf)
-            .map_err(|e| format!("cannot read {what} at byte {}: {e}", self.at))?;
-        self.at += n;
-        Ok(buf)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
-        let bytes = self.bytes(N as u64, what)?;
-        let mut out = [0u8; N];
-        out.copy_from_slice(&bytes);
-        Ok(out)
-    }
-
-    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    fn count(&mut self, what: &str) -> std::result::Result<u64, String> {
-        let n = self.u64(what)?;
-        if n > MAX_COUNT {
-            return Err(format!(
-                "{what} is {n}, more than a GGUF file holds; the file is damaged"
-            ));
-        }
-        Ok(n)
-    }
-
-    fn string(&mut self, what: &str) -> std::result::Result<String, String> {
-        let n = self.u64(what)?;
-        let bytes = self.bytes(n, what)?;
-        String::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8"))
-    }
-
-    fn value(
-        &mut self,
-        kind: u32,
-        what: &str,
-        depth: u32,
-    ) -> std::result::Result<GgufValue, String> {
-        Ok(match kind {
-            0 => GgufValue::Int(self.array::<1>(what)?[0].into()),
-            1 => GgufValue::Int(i8::from_le_bytes(self.array(what)?).into()),
-            2 => GgufValue::Int(u16::from_le_bytes(self.array(what)?).into()),
-            3 => GgufValue::Int(i16::from_le_bytes(self.array(what)?).into()),
-            4 => GgufValue::Int(self.u32(what)?.into()),
-            5 => GgufValue::Int(i32::from_le_bytes(self.array(what)?).into()),
-            6 => GgufValue::Float(f32::from_le_bytes(self.array(what)?).into()),
-            7 => GgufValue::Bool(self.array::<1>(what)?[0] != 0),
-            8 => GgufValue::String(self.string(what)?),
-            9 if depth == 0 => {
-                let inner = self.u32(what)?;
-                let n = self.count(what)?;
-                let values = (0..n)
-                    .map(|_| self.value(inner, what, depth + 1))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                GgufValue::Array(values)
-            }
-            10 => GgufValue::Int(self.u64(what)?.into()),
-            11 => GgufValue::Int(i64::from_le_bytes(self.array(what)?).into()),
-            12 => GgufValue::Float(f64::from_le_bytes(self.array(what)?)),
-            other => {
-                return Err(format!(
-                    "{what} has value type {other}, which GGUF does not define"
-                ))
-            }
-        })
-    }
 }
 
 impl GgufFile {
@@ -620,73 +423,6 @@ impl GgufFile {
     }
 }
 
-/// Whole Q8_0, Q4_0 or Q4_1 blocks as MLX affine values with group size
-/// 32, exactly (no re-quantization): the packed `uint32` words, `float32`
-/// scales and biases, and the bits (8 or 4).
-///
-/// Q8_0 (`d * q`, `q` an `i8`) is 8-bit with `q + 128`, scale `d` and bias
-/// `-128 d`; Q4_0 (`d * (q - 8)`) is 4-bit with `q`, scale `d` and bias
-/// `-8 d`; Q4_1 (`d * q + m`) has scale `d` and bias `m`. GGUF stores a
-/// 4-bit block's values `j` and `j + 16` in the low and high nibble of byte
-/// `j`; MLX packs values in order, 8 to a word, the first in the lowest
-/// bits, so the nibbles are reordered. In `float32` every product and sum
-/// is exact for Q8_0 and Q4_0, and is the same single rounding as the
-/// dequantized path for Q4_1, so `dequantize` of the result equals
-/// [`dequantize`] of the blocks.
-///
-/// Another type has no affine form and gives empty vectors.
-pub fn to_affine(kind: GgmlType, bytes: &[u8]) -> (Vec<u32>, Vec<f32>, Vec<f32>, usize) {
-    let (_, block_bytes) = kind.block();
-    let blocks = bytes.len() / block_bytes.max(1);
-    let bits = if kind == GgmlType::Q8_0 { 8 } else { 4 };
-    let mut words = Vec::with_capacity(blocks * 32 * bits / 32);
-    let (mut scales, mut biases) = (Vec::with_capacity(blocks), Vec::with_capacity(blocks));
-    let mut values = [0u8; 32];
-    for block in bytes.chunks_exact(block_bytes) {
-        let d = f16(&block[..2]);
-        let qs = match kind {
-            GgmlType::Q8_0 => {
-                for (v, &q) in values.iter_mut().zip(&block[2..]) {
-                    *v = (q as i8 as i16 + 128) as u8;
-                }
-                scales.push(d);
-                biases.push(-128.0 * d);
-                None
-            }
-            GgmlType::Q4_0 => {
-                scales.push(d);
-                biases.push(-8.0 * d);
-                Some(&block[2..])
-            }
-            GgmlType::Q4_1 => {
-                scales.push(d);
-                biases.push(f16(&block[2..4]));
-                Some(&block[4..])
-            }
-            _ => return (Vec::new(), Vec::new(), Vec::new(), 0),
-        };
-        match qs {
-            None => words.extend(
-                values
-                    .chunks_exact(4)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-            ),
-            Some(qs) => {
-                for (j, &q) in qs.iter().enumerate() {
-                    values[j] = q & 0x0F;
-                    values[j + 16] = q >> 4;
-                }
-                words.extend(values.chunks_exact(8).map(|v| {
-                    v.iter()
-                        .enumerate()
-                        .fold(0u32, |w, (i, &q)| w | u32::from(q) << (4 * i))
-                }));
-            }
-        }
-    }
-    (words, scales, biases, bits)
-}
-
 /// (rows, elements per row) of a row-major shape; a vector's rows are its
 /// elements, or one row when it is quantized in blocks.
 fn rows_of(shape: &[i32], kind: GgmlType) -> (usize, usize) {
@@ -738,59 +474,4 @@ fn tensor_info(
         offset,
         nbytes,
     })
-}
-
-fn f16(bytes: &[u8]) -> f32 {
-    half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
-}
-
-/// The `float32` values of whole blocks of `kind` (see the module docs).
-pub fn dequantize(kind: GgmlType, bytes: &[u8]) -> Vec<f32> {
-    let (per_block, block_bytes) = kind.block();
-    let mut out = Vec::with_capacity(bytes.len() / block_bytes * per_block);
-    for block in bytes.chunks_exact(block_bytes) {
-        match kind {
-            GgmlType::F32 => out.push(f32::from_le_bytes([block[0], block[1], block[2], block[3]])),
-            GgmlType::F16 => out.push(f16(block)),
-            GgmlType::Bf16 => out.push(half::bf16::from_le_bytes([block[0], block[1]]).to_f32()),
-            GgmlType::Q8_0 => {
-                let d = f16(&block[..2]);
-                out.extend(block[2..].iter().map(|&q| f32::from(q as i8) * d));
-            }
-            GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                let d = f16(&block[..2]);
-                let (m, qs) = match kind {
-                    GgmlType::Q4_1 => (f16(&block[2..4]), &block[4..]),
-                    _ => (-8.0 * d, &block[2..]),
-                };
-                out.extend(qs.iter().map(|&q| f32::from(q & 0x0F) * d + m));
-                out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blocks_dequantize_low_nibbles_first() {
-        let mut q4_1 = half::f16::from_f32(0.5).to_le_bytes().to_vec();
-        q4_1.extend(half::f16::from_f32(-1.0).to_le_bytes());
-        q4_1.extend((0..16u8).map(|j| j | (15 - j) << 4));
-        let v = dequantize(GgmlType::Q4_1, &q4_1);
-        assert_eq!(v.len(), 32);
-        assert_eq!((v[0], v[1], v[15]), (-1.0, -0.5, 6.5));
-        assert_eq!((v[16], v[31]), (6.5, -1.0));
-        let mut q8 = half::f16::from_f32(0.25).to_le_bytes().to_vec();
-        q8.extend((0..32).map(|j| (j as i8 - 16) as u8));
-        let v = dequantize(GgmlType::Q8_0, &q8);
-        assert_eq!((v[0], v[16], v[31]), (-4.0, 0.0, 3.75));
-        let mut q4_0 = half::f16::from_f32(2.0).to_le_bytes().to_vec();
-        q4_0.extend([0x8Fu8; 16]);
-        let v = dequantize(GgmlType::Q4_0, &q4_0);
-        assert_eq!((v[0], v[16]), (14.0, 0.0));
-    }
 }

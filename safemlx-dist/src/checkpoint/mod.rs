@@ -32,7 +32,9 @@
 mod affine;
 mod bytes;
 mod format;
+mod ggml;
 mod gguf;
+mod gguf_header;
 mod gguf_weights;
 mod hf;
 mod safetensors;
@@ -45,7 +47,9 @@ use std::fs::File;
 use std::path::Path;
 
 pub use format::TensorInfo;
-pub use gguf::{dequantize, to_affine, GgmlType, GgufFile, GgufTensor, GgufValue};
+pub use ggml::{dequantize, to_affine, GgmlType};
+pub use gguf::{GgufFile, GgufTensor};
+pub use gguf_header::GgufValue;
 pub use gguf_weights::GgufWeights;
 pub use hf::HfDirectory;
 pub use safetensors::Checkpoint;
