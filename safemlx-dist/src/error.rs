@@ -55,6 +55,27 @@ pub enum Error {
         /// Another value in the group.
         highest: &'static str,
     },
+    /// A rank joined a group over a backend that finds peers by address
+    /// without the run's secret.
+    #[error("SAFEMLX_DIST_TOKEN is not set, so this rank cannot prove to its peers (a group of {size}) that it belongs to their run; start the ranks with safemlx-launch (a fresh secret per run) or give every rank of the run the same secret of at least 16 characters in SAFEMLX_DIST_TOKEN")]
+    MissingToken {
+        /// The group's size.
+        size: usize,
+    },
+    /// `SAFEMLX_DIST_TOKEN` is too short to be a secret.
+    #[error("SAFEMLX_DIST_TOKEN has {len} bytes; a run's secret needs at least 16 (safemlx-launch makes 64 random hex digits per run)")]
+    ShortToken {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A peer did not prove the run's secret when the group was joined.
+    #[error("rank {rank} of this group ({address}) did not prove this run's secret (SAFEMLX_DIST_TOKEN): a process of another run, or another program, answered at that address; runs must not share ports (give each its own hostfile or --starting-port), and ranks started by another launcher need this run's SAFEMLX_DIST_TOKEN")]
+    NotAdmitted {
+        /// The peer's rank.
+        rank: usize,
+        /// Where it is.
+        address: String,
+    },
     /// A `Mesh<N>` was made from a group of another size.
     #[error("this program is written for a mesh of {expected} ranks but was started with {actual}; launch it with -n {expected}")]
     MeshSize {

@@ -99,3 +99,30 @@ fn an_mpi_launch_leaves_nothing_in_tmpdir() {
         std::fs::remove_dir_all(&tmp).ok();
     }
 }
+
+#[test]
+fn a_launch_removes_what_killed_launchers_left_before_their_ranks_started() {
+    let tmp = std::env::temp_dir().join(format!("safemlx-leftovers-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    // A launcher SIGKILLed before its ranks started: a pid that is gone.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let live = std::process::id();
+    let stale_dir = format!("safemlx-launch-{dead}-17-progress");
+    let stale_file = format!("safemlx-launch-{dead}-17.json");
+    let live_dir = format!("safemlx-launch-{live}-17-progress");
+    let other = "safemlx-launch-notes.json".to_owned();
+    std::fs::create_dir_all(tmp.join(&stale_dir).join("ompi.session")).unwrap();
+    std::fs::write(tmp.join(&stale_file), "[]").unwrap();
+    std::fs::create_dir(tmp.join(&live_dir)).unwrap();
+    std::fs::write(tmp.join(&other), "mine").unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+        .args(["-n", "1", "--", "true"])
+        .env("TMPDIR", &tmp)
+        .status()
+        .expect("safemlx-launch runs");
+    assert!(status.success());
+    assert_eq!(entries(&tmp), [live_dir, other]);
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

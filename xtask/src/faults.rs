@@ -7,9 +7,15 @@
 //! SIGTERM to the launcher, and watches every process that inherited the
 //! trial's marker variable (ranks, and under MPI `mpirun` and the wrapper
 //! shells) until all are gone, for at most 5 s. It also checks that the
-//! launcher's temporary files are removed. One JSON line per trial goes to
+//! launcher's temporary files are removed (by the launcher or its ranks;
+//! a launcher killed before any rank started leaves them to the next
+//! launch, which the trial then runs). One JSON line per trial goes to
 //! `target/bench/faults.jsonl`, and a table per backend and signal to
 //! stdout; any trial that leaves something behind fails the command.
+//!
+//! Then the cases of `faults_cases.rs` (a rank stopped mid-decode, two
+//! runs on the same ports, non-UTF-8 arguments, a closed stdout), TRIALS/10
+//! times each (at least once), into the same file.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -20,7 +26,7 @@ use serde_json::json;
 use crate::{cmd, setup, tasks};
 
 /// The variable every process of a trial inherits.
-const MARKER: &str = "SAFEMLX_FAULT_TRIAL";
+pub(crate) const MARKER: &str = "SAFEMLX_FAULT_TRIAL";
 /// How long the run's processes may outlive the launcher.
 const BOUND: Duration = Duration::from_secs(5);
 
@@ -75,6 +81,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     "seconds_to_clean": result.seconds,
                     "left": result.left,
                     "files_left": result.files,
+                    "files_removed_by_next_launch": result.swept,
                 });
                 lines.push_str(&line.to_string());
                 lines.push('\n');
@@ -84,15 +91,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
             );
         }
     }
+    let case_trials = (trials / 10).max(1);
+    println!("faults: the other cases, {case_trials} times each");
+    let smollm2 = crate::models::fetch_smollm2()?;
+    for case in crate::faults_cases::run(&release, &smollm2, case_trials, &mut seed) {
+        lines.push_str(&case.line.to_string());
+        lines.push('\n');
+        failures.extend(case.failure.map(|f| format!("{}: {f}", case.line["case"])));
+    }
     std::fs::write(&out, lines).map_err(|e| format!("{}: {e}", out.display()))?;
     println!("faults: wrote {}", out.display());
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "processes or files survived their launcher: {}",
-            failures.join("; ")
-        ))
+        Err(format!("faults not handled: {}", failures.join("; ")))
     }
 }
 
@@ -106,6 +118,8 @@ struct Trial {
     left: Vec<String>,
     /// Temporary files of the launcher still there.
     files: Vec<String>,
+    /// Whether the next launch removed files the launcher left.
+    swept: bool,
 }
 
 impl Trial {
@@ -114,7 +128,12 @@ impl Trial {
             .exit
             .map_or_else(|| "killed".to_owned(), |c| format!("exit {c}"));
         if self.left.is_empty() && self.files.is_empty() {
-            format!("{exit}, clean {:.2} s later", self.seconds)
+            let swept = if self.swept {
+                " (its files: by the next launch)"
+            } else {
+                ""
+            };
+            format!("{exit}, clean {:.2} s later{swept}", self.seconds)
         } else {
             format!(
                 "{exit}, left running: [{}], files: [{}]",
@@ -181,9 +200,21 @@ fn one_trial(
         std::thread::sleep(Duration::from_millis(20));
         alive = marked(id);
     }
+    let seconds = ended.elapsed().as_secs_f64();
+    // A launcher killed before any rank started leaves its files to the
+    // next launch, which removes those of launchers that are gone.
+    let mut swept = false;
+    if alive.is_empty() && !files(pid).is_empty() {
+        let next = Command::new(release.join("safemlx-launch"))
+            .args(["-n", "1", "--", "true"])
+            .status()
+            .map_err(|e| format!("cannot start safemlx-launch: {e}"))?;
+        swept = next.success() && files(pid).is_empty();
+    }
     Ok(Trial {
         exit: status.code(),
-        seconds: ended.elapsed().as_secs_f64(),
+        seconds,
+        swept,
         left: alive
             .into_iter()
             .map(|(pid, name)| format!("{pid} ({name})"))
@@ -193,7 +224,7 @@ fn one_trial(
 }
 
 /// Live (not zombie) processes whose environment holds `MARKER=id`.
-fn marked(id: &str) -> BTreeMap<u32, String> {
+pub(crate) fn marked(id: &str) -> BTreeMap<u32, String> {
     let wanted = format!("{MARKER}={id}");
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return BTreeMap::new();
@@ -216,7 +247,7 @@ fn marked(id: &str) -> BTreeMap<u32, String> {
 }
 
 /// xorshift64: the trials' random delays.
-fn next(state: &mut u64) -> u64 {
+pub(crate) fn next(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;

@@ -10,12 +10,16 @@
 //! - `bench generate` SmolLM2 generation at 1-3 ranks beside mlx-lm and llama.cpp
 //! - `bench moe` the MoE layer and a small MoE model, both placements
 //! - `bench train` tensor-parallel training at 1-4 ranks beside MLX Python
-//! - `faults [TRIALS]` kill the launcher at random times; check nothing survives it
+//! - `faults [TRIALS]` kill the launcher at random times; check nothing survives it;
+//!   then stop a rank mid-decode, run two runs on the same ports, pass non-UTF-8
+//!   arguments and close the launcher's stdout
 
 mod bench;
 mod bindings;
 mod cmd;
 mod faults;
+mod faults_cases;
+mod mlx_python;
 mod models;
 mod setup;
 mod tasks;

@@ -35,9 +35,12 @@ pub fn test() -> Result<(), String> {
     // chapters, which `safemlx-dist` compiles through its `#[cfg(doctest)]`
     // module (see `safemlx-dist/src/book.rs`).
     let model = models::fetch_smollm2()?;
+    // MLX Python ranks in a group with ours (`safemlx-dist/tests/admission.rs`).
+    let mlx_python = crate::mlx_python::python()?;
     let mut tests = cmd::cargo(&["test", "--release", "--workspace"]);
     tests
         .env("SAFEMLX_SMOLLM2_GGUF", &model)
+        .env("SAFEMLX_DIST_MLX_PYTHON", &mlx_python)
         .env("SAFEMLX_DIST_REQUIRE_NETNS", "1");
     cmd::run(tests)?;
     let mut docs = cmd::cargo(&["doc", "--release", "--workspace", "--no-deps"]);

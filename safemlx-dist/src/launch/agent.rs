@@ -2,7 +2,8 @@
 //! started over ssh by the launcher, to run one rank there and make sure it
 //! never outlives the run.
 //!
-//! The launcher writes a byte to each agent's ssh connection every second.
+//! The launcher first writes the run's secret to each agent's ssh
+//! connection ([`preamble`]), then a byte every second.
 //! The agent starts the rank (in its own process group, its output going
 //! straight back over ssh) and stops it (SIGTERM, SIGKILL 2 s later) when
 //! the connection closes (the launcher stopped the run, or was killed), when
@@ -13,12 +14,14 @@
 //! too.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::runtime::TOKEN_ENV;
 
 /// The ring's host list, as JSON, for the agent to write where its rank
 /// reads it (`MLX_HOSTFILE`).
@@ -39,6 +42,33 @@ fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
     }
+}
+
+/// The first line the launcher writes to an agent: the run's secret
+/// (`token` and its bytes in hexadecimal), or an empty line without one.
+/// It travels in the ssh connection, never on a command line.
+pub(crate) fn preamble(secret: Option<&std::ffi::OsStr>) -> Vec<u8> {
+    let mut line = Vec::new();
+    if let Some(secret) = secret {
+        line.extend_from_slice(b"token ");
+        for byte in secret.as_encoded_bytes() {
+            line.extend_from_slice(format!("{byte:02x}").as_bytes());
+        }
+    }
+    line.push(b'\n');
+    line
+}
+
+/// The secret in a [`preamble`] line, if it holds a well-formed one.
+fn secret_from(line: &[u8]) -> Option<OsString> {
+    let hex = line.strip_prefix(b"token ")?.strip_suffix(b"\n")?;
+    let digits = std::str::from_utf8(hex).ok()?;
+    let bytes = (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(digits.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    // The bytes came from an `OsStr` on a Unix launcher.
+    Some(std::os::unix::ffi::OsStringExt::from_vec(bytes))
 }
 
 /// Runs `--agent [--host NAME] -- PROGRAM [ARGS...]` (the arguments after
@@ -109,6 +139,39 @@ fn supervise_rank(
     ] {
         let _ = signal_hook::flag::register_usize(s, Arc::clone(&signal), s as usize);
     }
+    // The launcher's bytes: the time of the last one, and whether the
+    // connection closed; its first line, the preamble, is sent on `first`.
+    let started = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let closed = Arc::new(AtomicBool::new(false));
+    let (first, preamble) = std::sync::mpsc::channel();
+    {
+        let (last, closed) = (Arc::clone(&last), Arc::clone(&closed));
+        std::thread::spawn(move || {
+            let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
+            let mut line = Vec::new();
+            if matches!(stdin.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                let _ = first.send(line);
+                let mut byte = [0u8; 64];
+                loop {
+                    match stdin.read(&mut byte) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed)
+                        }
+                    }
+                }
+            }
+            closed.store(true, Ordering::Relaxed);
+        });
+    }
+    let secret = match preamble.recv_timeout(SILENCE) {
+        Ok(line) => secret_from(&line),
+        Err(_) => {
+            say(host, "the launcher sent nothing; not starting the rank");
+            return 3;
+        }
+    };
     let mut command = Command::new(program);
     command
         .args(args)
@@ -118,6 +181,9 @@ fn supervise_rank(
         .process_group(0);
     if let Some(path) = hostfile {
         command.env("MLX_HOSTFILE", path);
+    }
+    if let Some(secret) = secret {
+        command.env(TOKEN_ENV, secret);
     }
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -129,25 +195,6 @@ fn supervise_rank(
             return 127;
         }
     };
-    // The launcher's bytes: the time of the last one, and whether the
-    // connection closed.
-    let started = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
-    let closed = Arc::new(AtomicBool::new(false));
-    {
-        let (last, closed) = (Arc::clone(&last), Arc::clone(&closed));
-        std::thread::spawn(move || {
-            let mut stdin = std::io::stdin().lock();
-            let mut byte = [0u8; 64];
-            loop {
-                match stdin.read(&mut byte) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed),
-                }
-            }
-            closed.store(true, Ordering::Relaxed);
-        });
-    }
     let why = loop {
         if let Ok(Some(status)) = child.try_wait() {
             return match (status.code(), status.signal()) {
@@ -185,4 +232,23 @@ fn supervise_rank(
     }
     let _ = child.wait();
     3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preamble_carries_any_secret_and_nothing_else_is_one() {
+        let secret = std::ffi::OsStr::new("s3cret\nwith a newline");
+        assert_eq!(
+            secret_from(&preamble(Some(secret))).as_deref(),
+            Some(secret)
+        );
+        assert_eq!(preamble(None), b"\n");
+        assert_eq!(secret_from(b"\n"), None);
+        assert_eq!(secret_from(b"token 4g\n"), None);
+        assert_eq!(secret_from(b"token 414\n"), None);
+        assert_eq!(secret_from(b"token 4142"), None);
+    }
 }

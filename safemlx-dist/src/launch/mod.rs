@@ -30,8 +30,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::runtime::this_launcher;
 pub use crate::runtime::LAUNCHER_ENV;
+use crate::runtime::{this_launcher, TOKEN_ENV};
 pub use hostfile::{RingHosts, TempHostfile};
 pub use hosts::{parse_env, read_hostfile, Host, HostList, Hostfile, DEFAULT_STARTING_PORT};
 pub use ranks::{Ranks, RANK_OF_ENV};
@@ -379,9 +379,16 @@ impl Launch {
         }
         let mut env = self.env.clone();
         env.push((BACKEND_ENV.into(), self.backend.as_str().into()));
+        // The run's secret (see `runtime/admission.rs`), unless `--env` gave one.
+        if !env.iter().any(|(k, _)| k == TOKEN_ENV) {
+            let token = crate::runtime::new_token()
+                .map_err(|e| LaunchError::Io(format!("cannot make the run's secret: {e}")))?;
+            env.push((TOKEN_ENV.into(), token.into()));
+        }
         if matches!(self.backend, Backend::Mpi) && !matches!(plan, Plan::Remote(_)) {
             env.push((LAUNCHER_ENV.into(), this_launcher().into()));
         }
+        progress::sweep_stale();
         let progress = ProgressDir::new()?;
         env.push((
             crate::runtime::PROGRESS_DIR_ENV.into(),
@@ -477,7 +484,7 @@ impl Launch {
                     .collect()
             })
         });
-        let outcome = supervise(commands, self.timeout, interrupt, relabel, watch, false)?;
+        let outcome = supervise(commands, self.timeout, interrupt, relabel, watch, None)?;
         drop(file);
         match outcome {
             Outcome::Success => Ok(LaunchReport::default()),
@@ -509,6 +516,14 @@ impl Launch {
     ) -> Result<LaunchReport, LaunchError> {
         // The progress directory is this machine's: remote ranks do not see it.
         env.retain(|(k, _)| k != crate::runtime::PROGRESS_DIR_ENV);
+        // The secret goes to each agent through its ssh connection, not on
+        // the remote command line (see `agent.rs`).
+        let secret = env
+            .iter()
+            .find(|(k, _)| k == TOKEN_ENV)
+            .map(|(_, v)| v.clone());
+        env.retain(|(k, _)| k != TOKEN_ENV);
+        let preamble = agent::preamble(secret.as_deref());
         let placement = remote.list.placement(self.ranks);
         let host_of = |rank: usize| remote.list.hosts[placement[rank]].ssh.clone();
         let commands = (0..self.ranks)
@@ -541,7 +556,14 @@ impl Launch {
                     .collect()
             })
         });
-        match supervise(commands, self.timeout, interrupt, relabel, watch, true)? {
+        match supervise(
+            commands,
+            self.timeout,
+            interrupt,
+            relabel,
+            watch,
+            Some(&preamble),
+        )? {
             Outcome::Success => Ok(LaunchReport::default()),
             Outcome::Failed { label, status } if status.code() == Some(255) => {
                 Err(LaunchError::HostLost {
@@ -665,7 +687,7 @@ impl Launch {
             interrupt,
             relabel,
             watch,
-            false,
+            None,
         )? {
             Outcome::Success => Ok(LaunchReport {
                 mpirun_messages: report

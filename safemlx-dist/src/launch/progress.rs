@@ -13,6 +13,47 @@ use std::path::{Path, PathBuf};
 
 use super::LaunchError;
 
+/// Removes what launchers that were SIGKILLed before any rank started
+/// left in the temporary directory: `safemlx-launch-PID-N-progress`
+/// directories (Open MPI's session directory inside) and
+/// `safemlx-launch-PID-N.json` hostfiles whose launcher PID no longer
+/// runs. (Once a rank has joined, the ranks remove them themselves.) A
+/// PID that runs again, for another program, keeps its files.
+pub(crate) fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("safemlx-launch-") else {
+            continue;
+        };
+        let (stem, is_dir) = match rest.strip_suffix("-progress") {
+            Some(stem) => (stem, true),
+            None => match rest.strip_suffix(".json") {
+                Some(stem) => (stem, false),
+                None => continue,
+            },
+        };
+        let Some((pid, nanos)) = stem.split_once('-') else {
+            continue;
+        };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(pid) || !digits(nanos) || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let _ = if is_dir {
+            std::fs::remove_dir_all(path)
+        } else {
+            std::fs::remove_file(path)
+        };
+    }
+}
+
 /// A run's progress directory, removed on drop.
 #[derive(Debug)]
 pub(crate) struct ProgressDir {

@@ -114,16 +114,17 @@ fn signal_group(pid: u32, signal: &str) {
 /// the rest are stopped), for `timeout` (then all are stopped), or for a
 /// signal number to appear in `interrupt` (then all are stopped).
 /// `watch` runs at every poll and once more before any process is
-/// signalled. With `heartbeat`, each process's stdin is a pipe that gets a
-/// byte every [`agent::HEARTBEAT`](super::agent::HEARTBEAT) (what a remote
-/// rank's agent waits for), closed when the run ends.
+/// signalled. With `heartbeat`, each process's stdin is a pipe that gets
+/// those bytes first, then a byte every
+/// [`agent::HEARTBEAT`](super::agent::HEARTBEAT) (what a remote rank's
+/// agent waits for), and is closed when the run ends.
 pub(crate) fn supervise(
     commands: Vec<(usize, Command)>,
     timeout: Option<Duration>,
     interrupt: &AtomicUsize,
     relabel: Relabel,
     watch: &mut dyn FnMut(),
-    heartbeat: bool,
+    heartbeat: Option<&[u8]>,
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
     let mut running = Vec::with_capacity(commands.len());
@@ -132,7 +133,7 @@ pub(crate) fn supervise(
     let mut last_beat = Instant::now();
     for (label, mut command) in commands {
         command
-            .stdin(if heartbeat {
+            .stdin(if heartbeat.is_some() {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -156,8 +157,10 @@ pub(crate) fn supervise(
         if let Some(err) = child.stderr.take() {
             forwarders.push(forward(label, err, Sink::Stderr, relabel.clone()));
         }
-        if let Some(stdin) = child.stdin.take() {
-            beats.push(Some(stdin));
+        if let Some(mut stdin) = child.stdin.take() {
+            // A pipe's first bytes fit its buffer: this does not block.
+            let first = heartbeat.unwrap_or_default();
+            beats.push(stdin.write_all(first).is_ok().then_some(stdin));
         }
         running.push(Supervised {
             label,

@@ -98,6 +98,10 @@ impl Group {
     /// usable singleton group (rank 0, size 1); with `strict == true`, MLX's
     /// error is returned as [`Error::Native`].
     ///
+    /// Joining a group of several ranks checks that each rank holds the
+    /// run's secret (`SAFEMLX_DIST_TOKEN`, set by `safemlx-launch`), before
+    /// any collective: see the book's launching chapter.
+    ///
     /// The group's [`Lowering`] comes from `SAFEMLX_DIST_LOWERING` (`auto`
     /// when unset). Unless it is `native`, every rank checks with one small
     /// `all_max` that all ranks read the same value, since ranks that lower
@@ -112,12 +116,18 @@ impl Group {
             super::progress::starting();
             super::deadline::watch();
         }
-        // MPI sets variables of its own here; children must not inherit them.
-        let native = {
+        let group = {
+            // Joining, admission included, is bounded by the join timeout.
             let _joining = super::deadline::joining();
-            super::backend_env::recording(|| native::init(strict, backend.native_name()))
+            // MPI sets variables of its own here; children must not inherit them.
+            let native =
+                super::backend_env::recording(|| native::init(strict, backend.native_name()));
+            let group = Self::from_native(native?, backend, lowering)?;
+            if !group.is_singleton() {
+                super::admission::admit(&group.native, group.rank, group.size, backend)?;
+            }
+            group
         };
-        let group = Self::from_native(native?, backend, lowering)?;
         super::progress::joined(group.rank, group.size);
         group.agree_on_lowering()?;
         Ok(group)

@@ -1,6 +1,7 @@
 //! The safe runtime layer: backends, groups and collectives, with every
 //! argument validated before native code (`spec/runtime.md`).
 
+mod admission;
 mod backend;
 mod backend_env;
 mod collectives;
@@ -16,6 +17,7 @@ mod profile;
 mod progress;
 mod validate;
 
+pub use admission::{new_token, TOKEN_ENV};
 pub use backend::{is_available, Backend};
 pub(crate) use backend_env::restore_for_child;
 pub use collectives::{
