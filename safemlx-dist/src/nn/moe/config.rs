@@ -1,0 +1,147 @@
+//! How an MoE layer routes: gating, expert placement, expert matmul, and
+//! the configuration that holds them.
+
+use crate::error::{Error, Result};
+
+/// How the router's logits become the gates of a token's `k` experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// A softmax over all experts, then the `k` largest; with `normalize`
+    /// the `k` gates are rescaled to sum to 1 (Qwen3-MoE's
+    /// `norm_topk_prob`; Qwen2-MoE ships without it).
+    SoftmaxTopK {
+        /// Rescale the chosen gates to sum to 1.
+        normalize: bool,
+    },
+    /// The `k` largest logits, then a softmax over those `k` (Mixtral).
+    TopKSoftmax,
+}
+
+/// Where the experts' weights live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertPlacement {
+    /// Experts split across ranks by the chunk rule (`E` need not divide:
+    /// 5 experts over 2 ranks are 3 + 2); each rank routes its tokens to
+    /// the ranks of their experts with `all_to_all_v` and back.
+    #[default]
+    ExpertParallel,
+    /// Every rank holds every expert's slice of the hidden dimension
+    /// (`gate`/`up` columns, `down` rows, by the chunk rule); every rank
+    /// routes all tokens and one `all_sum` adds the slices (mlx-lm's
+    /// sharding of its `SwitchGLU`).
+    ExpertTensorParallel,
+}
+
+impl ExpertPlacement {
+    /// `"expert parallel"` or `"expert tensor parallel"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExpertParallel => "expert parallel",
+            Self::ExpertTensorParallel => "expert tensor parallel",
+        }
+    }
+}
+
+/// How the local experts multiply their rows (sorted by expert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertMatmul {
+    /// [`Grouped`](Self::Grouped) on GPU streams, [`PerExpert`](Self::PerExpert)
+    /// on CPU streams: MLX's CPU `gather_mm` is one `sgemm` per row (and
+    /// float32 only), 6-8x slower than the loop at 64 experts, top-8
+    /// (measured: see the book's MoE chapter).
+    #[default]
+    Auto,
+    /// Three `gather_mm` calls over all rows (one kernel each on a GPU).
+    Grouped,
+    /// One matmul per local expert on its run of rows (needs the rows per
+    /// expert on the host).
+    PerExpert,
+}
+
+/// The routing of an MoE layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per token, 1 to `E`.
+    pub top_k: usize,
+    /// How gates are computed.
+    pub gating: Gating,
+    /// A factor on every routed gate (DeepSeek's `routed_scaling_factor`;
+    /// 1 for Mixtral and Qwen).
+    pub routed_scaling: f32,
+    /// With `Some(f)`, each expert takes at most `ceil(f * t * k / E)` of
+    /// the `t * k` slots a rank routes (in token order); the rest are
+    /// dropped and counted. `None`: dropless.
+    pub capacity_factor: Option<f32>,
+    /// Where the experts live.
+    pub placement: ExpertPlacement,
+    /// How the local experts multiply (automatic by default).
+    pub expert_matmul: ExpertMatmul,
+}
+
+impl MoeConfig {
+    /// Top-`k` routing with renormalised softmax gates, expert parallel,
+    /// dropless, expert matmuls chosen by device.
+    pub fn new(top_k: usize) -> Self {
+        Self {
+            top_k,
+            gating: Gating::SoftmaxTopK { normalize: true },
+            routed_scaling: 1.0,
+            capacity_factor: None,
+            placement: ExpertPlacement::ExpertParallel,
+            expert_matmul: ExpertMatmul::Auto,
+        }
+    }
+
+    /// With `gating`.
+    pub fn with_gating(mut self, gating: Gating) -> Self {
+        self.gating = gating;
+        self
+    }
+
+    /// With `placement`.
+    pub fn with_placement(mut self, placement: ExpertPlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// With a capacity factor (see [`capacity_factor`](Self::capacity_factor)).
+    pub fn with_capacity_factor(mut self, factor: f32) -> Self {
+        self.capacity_factor = Some(factor);
+        self
+    }
+
+    /// With a routed scaling factor.
+    pub fn with_routed_scaling(mut self, factor: f32) -> Self {
+        self.routed_scaling = factor;
+        self
+    }
+
+    /// With `matmul` for the local experts.
+    pub fn with_expert_matmul(mut self, matmul: ExpertMatmul) -> Self {
+        self.expert_matmul = matmul;
+        self
+    }
+
+    pub(super) fn check(&self, experts: usize) -> Result<()> {
+        if self.top_k == 0 || self.top_k > experts {
+            return Err(Error::Shape(format!(
+                "top_k is {}; with {experts} experts it must be 1 to {experts}",
+                self.top_k
+            )));
+        }
+        if let Some(f) = self.capacity_factor {
+            if !(f.is_finite() && f > 0.0) {
+                return Err(Error::Shape(format!(
+                    "capacity factor {f}: it must be a positive number"
+                )));
+            }
+        }
+        if !self.routed_scaling.is_finite() {
+            return Err(Error::Shape(format!(
+                "routed scaling factor {}: it must be a finite number",
+                self.routed_scaling
+            )));
+        }
+        Ok(())
+    }
+}

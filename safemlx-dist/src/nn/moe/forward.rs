@@ -1,0 +1,265 @@
+//! The forward pass: routed rows through the local experts, combined
+//! with their gates, exchanged with the other ranks (expert parallel) or
+//! summed (expert tensor parallel), plus the shared experts.
+
+use safemlx::ops;
+use safemlx::{Array, DeviceType, Dtype, Stream};
+
+use super::config::ExpertMatmul;
+use super::routing::{arange, int_array, routed_shares, silu, take_rows, Routing};
+use super::{Experts, Moe, MoeOutput};
+use crate::error::{Error, Result};
+use crate::typed::collective::slice_axis;
+use crate::typed::{chunk, Partial, Ragged, Replicated, RoutingPlan, ShardedArray};
+
+impl Moe {
+    /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
+    /// the local expert tensors `gate`, `up` `[E', D, H']`, `down`
+    /// `[E', H', D]`; `per_expert` rows go to each), in the rows' order.
+    fn run_experts(
+        &self,
+        rows: &Array,
+        ids: &Array,
+        per_expert: &[usize],
+        (gate, up, down): (&Array, &Array, &Array),
+        s: &Stream,
+    ) -> Result<Array> {
+        let r = usize::try_from(rows.shape()[0]).unwrap_or(0);
+        let d = rows.shape()[1];
+        if r == 0 {
+            return Ok(ops::zeros_dtype(&[0, d], rows.dtype(), s)?);
+        }
+        // Sort by expert (stable: the key is unique).
+        let position = arange(r, s)?;
+        let perm = ops::argsort(
+            ids.multiply(Array::from_int(r as i32), s)?
+                .add(&position, s)?,
+            s,
+        )?;
+        let sorted_rows = rows.take_axis(&perm, 0, s)?;
+        let sorted_ids = ids.take_axis(&perm, 0, s)?;
+        let grouped = match self.config.expert_matmul {
+            ExpertMatmul::Grouped => true,
+            ExpertMatmul::PerExpert => false,
+            ExpertMatmul::Auto => s.get_device()?.get_type()? != DeviceType::Cpu,
+        };
+        let out = if grouped {
+            let ids = sorted_ids.as_dtype(Dtype::Uint32, s)?;
+            let x = sorted_rows.expand_dims(1, s)?; // [r, 1, D]
+            let mm = |a: &Array, w: &Array| ops::gather_mm(a, w, None, &ids, true, s);
+            let hidden = silu(&mm(&x, gate)?, s)?.multiply(mm(&x, up)?, s)?;
+            mm(&hidden, down)?.reshape(&[r as i32, d], s)?
+        } else {
+            // One matmul per local expert on its run of rows.
+            let mut outputs = Vec::new();
+            let mut start = 0;
+            for (j, &count) in per_expert.iter().enumerate() {
+                if count == 0 {
+                    continue;
+                }
+                let x = slice_axis(&sorted_rows, 0, start, count, s)?;
+                let pick = |w: &Array| -> Result<Array> {
+                    Ok(slice_axis(w, 0, j, 1, s)?.squeeze_axes(&[0], s)?)
+                };
+                let hidden =
+                    silu(&x.matmul(pick(gate)?, s)?, s)?.multiply(x.matmul(pick(up)?, s)?, s)?;
+                outputs.push(hidden.matmul(pick(down)?, s)?);
+                start += count;
+            }
+            ops::concatenate_axis(&outputs, 0, s)?
+        };
+        // Back to the rows' order.
+        Ok(out.take_axis(ops::argsort(&perm, s)?, 0, s)?)
+    }
+
+    /// Weights `per_row` (`[m, D]`, the kept slots in `routing.order`) by
+    /// their gates and sums each token's `k` slots: `[t, D]`.
+    fn combine(&self, routing: &Routing, per_row: &Array, t: usize, s: &Stream) -> Result<Array> {
+        let k = self.config.top_k;
+        let m = usize::try_from(per_row.shape()[0]).unwrap_or(0);
+        let d = per_row.shape()[1];
+        if t == 0 {
+            return Ok(ops::zeros_dtype(&[0, d], per_row.dtype(), s)?);
+        }
+        // Each slot's position in the order; dropped ones read a zero row.
+        let position = ops::argsort(&routing.order, s)?;
+        let position = ops::minimum(&position, Array::from_int(m as i32), s)?;
+        let zero = ops::zeros_dtype(&[1, d], per_row.dtype(), s)?;
+        let per_slot =
+            ops::concatenate_axis(&[per_row, &zero], 0, s)?.take_axis(&position, 0, s)?;
+        let gates = routing
+            .gates
+            .as_dtype(per_row.dtype(), s)?
+            .reshape(&[(t * k) as i32, 1], s)?;
+        Ok(per_slot
+            .multiply(&gates, s)?
+            .reshape(&[t as i32, k as i32, d], s)?
+            .sum_axis(1, false, s)?)
+    }
+
+    /// Expert parallel on this rank's own tokens `[t, D]` (any number per
+    /// rank, `Ragged`): route, dispatch with one `all_to_all_v`, run the
+    /// local experts, return with the reverse `all_to_all_v`, combine.
+    /// Shared experts are not run here (they need every rank's tokens:
+    /// see [`forward`](Self::forward)).
+    ///
+    /// # Errors
+    /// An expert-tensor-parallel layer (its experts need every token on
+    /// every rank: call [`forward`](Self::forward)), or an MLX error.
+    pub fn forward_rows(
+        &self,
+        tokens: &ShardedArray<Ragged>,
+        s: &Stream,
+    ) -> Result<MoeOutput<Ragged>> {
+        if crate::grad::is_tracing() {
+            return Err(Error::Shape(
+                "gradients through `Moe::forward_rows` (tokens routed with all_to_all_v) are not supported yet; train with `Moe::forward` on replicated tokens, whose gradients are exact".to_owned(),
+            ));
+        }
+        let Experts::Parallel(weights) = self.experts.as_ref() else {
+            return Err(Error::Shape(
+                "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`".to_owned(),
+            ));
+        };
+        let comm = tokens.comm().clone();
+        let n = comm.size();
+        let x = tokens.local();
+        let t = usize::try_from(x.shape()[0]).unwrap_or(0);
+        let e = self.num_experts;
+        let k = self.config.top_k;
+        let routing = self.route(x, self.router.local(), s)?;
+
+        // Dispatch: the kept slots, by expert, so by destination rank. The
+        // counts per expert go to every rank (one all_gather of E counts),
+        // so each rank knows how the rows it receives split by expert.
+        let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
+        // The counts travel with the statistics: one all_gather, one read.
+        let gathered = crate::runtime::all_gather(&routing.summary, &comm, s)?;
+        let (matrix, totals) = self.read_summaries(&gathered, n, s)?;
+        let plan = RoutingPlan::from_bucket_matrix(&comm, &matrix, &owners)?;
+        let sent = plan.send_counts().to_vec();
+        let m: usize = sent.iter().sum();
+        let order = slice_axis(&routing.order, 0, 0, m, s)?;
+        let rows = take_rows(x, &order.floor_divide(Array::from_int(k as i32), s)?, s)?;
+        let as_ragged = |a: Array| ShardedArray::<Ragged>::from_local(a.clone(), &comm, a.shape());
+        let dispatched = as_ragged(rows)?;
+        let routed = dispatched.route(&plan, s)?;
+        // Every rank runs the exchange now and in the same order: a rank
+        // whose experts got no rows would otherwise never evaluate its part.
+        crate::runtime::eval(&[routed.local()])?;
+        let received = plan.recv_counts().to_vec();
+        // Rows arrive by source, each source's by expert: their local
+        // expert ids, and the rows per local expert, from the counts.
+        let (first, local) = owners[comm.rank()];
+        let mut ids = Vec::with_capacity(received.iter().sum());
+        let mut per_expert = vec![0usize; local];
+        for row in &matrix {
+            for (j, &count) in row[first..first + local].iter().enumerate() {
+                ids.extend(std::iter::repeat_n(j as i32, count));
+                per_expert[j] += count;
+            }
+        }
+        let processed = self.run_experts(
+            routed.local(),
+            &int_array(&ids),
+            &per_expert,
+            (
+                weights.gate.local(),
+                weights.up.local(),
+                weights.down.local(),
+            ),
+            s,
+        )?;
+        let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
+        crate::runtime::eval(&[back.local()])?;
+        let combined = self.combine(&routing, back.local(), t, s)?;
+
+        let (aux_loss, z_loss) = self.losses(&totals);
+        Ok(MoeOutput {
+            tokens: as_ragged(combined)?,
+            aux_loss,
+            z_loss,
+            sent,
+            received,
+            dropped: t * k - m,
+        })
+    }
+
+    /// The layer on replicated tokens `[T, D]`; the output is replicated.
+    /// Every rank routes every token (identically), computes the slots of
+    /// its experts (expert parallel) or its slices of every expert (expert
+    /// tensor parallel), and one `all_sum` of `[T, D]` adds the ranks'
+    /// partial outputs together with the shared experts'. No rows are
+    /// routed (`sent`, `received` are zeros), and a capacity limit applies
+    /// over all `T` tokens. For tokens split across ranks, see
+    /// [`forward_rows`](Self::forward_rows).
+    ///
+    /// # Errors
+    /// An MLX or collective error.
+    pub fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> Result<MoeOutput<Replicated>> {
+        let comm = x.comm().clone();
+        let n = comm.size();
+        // Every rank holds every token: each routes all of them (the same
+        // way) and computes the slots of its own experts (expert parallel)
+        // or its slices of every expert (expert tensor parallel); one
+        // all_sum adds the ranks' partial outputs and the shared experts'.
+        // The routed part is this rank's share of the output: the gradients
+        // of the tokens and the router through it are summed over ranks.
+        let (routed_input, router) = routed_shares(x.local(), self.router.local(), &comm, s)?;
+        let local = &routed_input;
+        let t = usize::try_from(local.shape()[0]).unwrap_or(0);
+        let d = local.shape()[1];
+        let routing = self.route(local, &router, s)?;
+        let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
+        let kept = &kept[0];
+        let m: usize = kept.iter().sum();
+        let k = self.config.top_k as i32;
+        // The slots this rank computes: a run of `order` (sorted by
+        // expert), their experts as indices into the local tensors.
+        let (weights, first, experts) = match self.experts.as_ref() {
+            Experts::Parallel(w) => {
+                let (first, count) = chunk(self.num_experts, comm.rank(), n);
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, first, first..first + count)
+            }
+            Experts::TensorParallel(w) => {
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, 0, 0..self.num_experts)
+            }
+        };
+        let before: usize = kept[..experts.start].iter().sum();
+        let mine: usize = kept[experts.clone()].iter().sum();
+        let order = slice_axis(&routing.order, 0, before, mine, s)?;
+        let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
+        let ids =
+            take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
+        let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
+        // The other ranks' slots are zeros here.
+        let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], local.dtype(), s);
+        let per_row =
+            ops::concatenate_axis(&[zeros(before)?, computed, zeros(m - before - mine)?], 0, s)?;
+        let routed = self.combine(&routing, &per_row, t, s)?;
+        let mut partial = ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
+        if let Some(shared) = &self.shared {
+            let y = shared.mlp.forward_partial(x, s)?;
+            let y = match &shared.gate {
+                Some(g) => y.mul(&x.matmul(g, s)?.sigmoid(s)?, s)?,
+                None => y,
+            };
+            partial = partial.add(&y, s)?;
+        }
+        let (aux_loss, z_loss) = self.losses(&stats);
+        Ok(MoeOutput {
+            tokens: partial.all_sum(s)?,
+            aux_loss,
+            z_loss,
+            sent: vec![0; n],
+            received: vec![0; n],
+            dropped: t * self.config.top_k - m,
+        })
+    }
+}

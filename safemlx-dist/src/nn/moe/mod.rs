@@ -1,0 +1,173 @@
+//! Mixture of experts: a router choosing each token's top-k of `E` SwiGLU
+//! experts, placed expert parallel (experts split across ranks, tokens
+//! routed with `all_to_all_v`) or expert tensor parallel (every expert's
+//! hidden dimension split, one `all_sum`), with optional shared experts.
+//!
+//! ```text
+//! logits  = x R                                   [t, E], R replicated
+//! chosen  = top_k(logits)                         on the device
+//! gates   = softmax(logits)[chosen] (/ their sum) or softmax(logits[chosen])
+//! y       = sum_j gates_j * down_e(silu(gate_e x) * up_e x),  e = chosen_j
+//!         + sigmoid(x g) * shared(x)              when the model has them
+//! ```
+//!
+//! Routing stays on the device: the top-k (`argpartition`), the counts per
+//! expert and the order of the routed rows are MLX arrays; only the `E`
+//! counts come to the host, to size the `all_to_all_v`. The local experts
+//! run as three grouped matmuls (`gather_mm` on rows sorted by expert) on
+//! GPU streams, and as one matmul per local expert on CPU streams, where
+//! MLX's `gather_mm` multiplies row by row (see [`ExpertMatmul`]).
+
+mod config;
+mod experts;
+mod forward;
+mod parameters;
+mod routing;
+
+use safemlx::{Array, Stream};
+
+use crate::error::Result;
+use crate::typed::{Placement, Replicated, ShardedArray};
+
+pub use config::{ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
+pub use experts::{ExpertSlices, ExpertWeights, HfExpertNames};
+
+use super::SwiGluMlp;
+
+/// This rank's experts, by placement.
+#[derive(Debug)]
+enum Experts {
+    Parallel(ExpertWeights),
+    TensorParallel(ExpertSlices),
+}
+
+/// Experts every token goes through, beside the routed ones (Qwen2-MoE's
+/// `shared_expert`, DeepSeek's shared experts): a tensor-parallel SwiGLU
+/// MLP, optionally scaled per token by `sigmoid(x g)` (Qwen2-MoE's
+/// `shared_expert_gate`, `g` `[D, 1]`).
+#[derive(Debug)]
+pub struct SharedExperts {
+    /// The MLP, hidden dimension split across ranks.
+    pub mlp: SwiGluMlp,
+    /// `[D, 1]`, on every rank.
+    pub gate: Option<ShardedArray<Replicated>>,
+}
+
+/// What a forward returns besides the tokens.
+#[derive(Debug)]
+pub struct MoeOutput<P: Placement> {
+    /// The tokens after the layer, `[t, D]`, in input order.
+    pub tokens: ShardedArray<P>,
+    /// The load-balancing loss `E * sum_e f_e * P_e` over all ranks' tokens
+    /// (`f_e`: share of routed slots that chose expert `e`; `P_e`: mean
+    /// router probability of `e`). 1.0 when perfectly balanced.
+    pub aux_loss: f32,
+    /// The router z-loss: the mean over tokens of `logsumexp(logits)^2`.
+    pub z_loss: f32,
+    /// Rows this rank sent to each rank (expert parallel; zeros otherwise).
+    pub sent: Vec<usize>,
+    /// Rows this rank's experts processed, from each rank (expert
+    /// parallel; zeros otherwise).
+    pub received: Vec<usize>,
+    /// This rank's slots dropped by the capacity limit (0 when dropless).
+    pub dropped: usize,
+}
+
+/// A mixture-of-experts layer on this rank (see the module docs).
+#[derive(Debug)]
+pub struct Moe {
+    router: ShardedArray<Replicated>,
+    experts: Box<Experts>,
+    shared: Option<Box<SharedExperts>>,
+    config: MoeConfig,
+    num_experts: usize,
+}
+
+impl Moe {
+    /// With shared experts beside the routed ones.
+    pub fn with_shared(mut self, shared: SharedExperts) -> Self {
+        self.shared = Some(Box::new(shared));
+        self
+    }
+
+    /// The routing configuration.
+    pub fn config(&self) -> &MoeConfig {
+        &self.config
+    }
+
+    /// Bytes of this rank's weights.
+    pub fn nbytes(&self) -> usize {
+        let experts: usize = match self.experts.as_ref() {
+            Experts::Parallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum(),
+            Experts::TensorParallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum(),
+        };
+        let shared = self.shared.as_ref().map_or(0, |sh| {
+            [sh.mlp.gate.local(), sh.mlp.up.local(), sh.mlp.down.local()]
+                .iter()
+                .map(|a| a.nbytes())
+                .sum::<usize>()
+                + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
+        });
+        self.router.local().nbytes() + experts + shared
+    }
+
+    /// The full weights again: `router`, `gate`, `up`, `down` (one
+    /// `all_gather` per expert tensor), as [`load`](Self::load) reads them.
+    ///
+    /// # Errors
+    /// A failed collective.
+    pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
+        let mut all = vec![("router", self.router.local().clone())];
+        all.extend(match self.experts.as_ref() {
+            Experts::Parallel(w) => w.gather_full(s)?,
+            Experts::TensorParallel(w) => w.gather_full(s)?,
+        });
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn disagreeing_expert_tensors_are_named() {
+        assert_eq!(
+            super::experts::check_shapes("moe.", &[64, 8], &[6, 64, 128], &[6, 64, 128], &[8, 128, 64])
+                .unwrap_err()
+                .to_string(),
+            "gate's expert count (axis 0) differs from the router's (axis 1): moe.router is [64, 8], moe.gate is [6, 64, 128], moe.up is [6, 64, 128], moe.down is [8, 128, 64]"
+        );
+        assert_eq!(
+            super::experts::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 64, 96], &[8, 128, 64])
+                .unwrap_err()
+                .to_string(),
+            "up's shape differs from gate's: router is [64, 8], gate is [8, 64, 128], up is [8, 64, 96], down is [8, 128, 64]"
+        );
+        assert_eq!(
+            super::experts::check_shapes("", &[64, 8], &[8, 64, 128], &[8, 64, 128], &[8, 128, 64])
+                .unwrap(),
+            (8, 64, 128)
+        );
+    }
+
+    #[test]
+    fn top_k_outside_the_experts_is_named() {
+        assert_eq!(
+            super::MoeConfig::new(9).check(8).unwrap_err().to_string(),
+            "top_k is 9; with 8 experts it must be 1 to 8"
+        );
+        assert_eq!(
+            super::MoeConfig::new(2)
+                .with_capacity_factor(0.0)
+                .check(8)
+                .unwrap_err()
+                .to_string(),
+            "capacity factor 0: it must be a positive number"
+        );
+    }
+}
