@@ -388,7 +388,7 @@ fn typed_quantized(group: &Group) {
         assert_eq!(
             error.to_string(),
             format!(
-                "quantized matmul on rank {rank} of 2: x (Sharded<1>) holds 48 of the 96 inputs but the weight (Sharded<1>) holds {} ({} of 3 groups of 32); a Sharded<1> x splits its columns by elements and the weight by groups, which agree only when every chunk is whole groups (e.g. 96 a multiple of 32 times the ranks)",
+                "quantized matmul on rank {rank} of 2: x (Sharded<1>) holds 48 of the 96 inputs but the weight (Sharded<1>) holds {} ({} of 3 groups of 32); a Sharded<1> x splits its columns by elements unless made with a split, and the weight by groups, which agree only when every chunk is whole groups (e.g. 96 a multiple of 32 times the ranks)",
                 groups * 32,
                 groups
             )

@@ -204,8 +204,30 @@ fn shape_error(what: String) -> Error {
 }
 
 impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    /// `local` as placement `Q` of `global`, keeping this array's split
+    /// when `Q` shards the same axis.
     fn same_local<Q: Placement>(&self, local: Array, global: Vec<i32>) -> ShardedArray<Q, C> {
-        ShardedArray::new_unchecked(local, self.comm().clone(), global)
+        let split = (Q::AXIS.is_some() && Q::AXIS == P::AXIS)
+            .then(|| self.split().cloned())
+            .flatten();
+        ShardedArray::new_unchecked(local, self.comm().clone(), global).with_split(split)
+    }
+
+    /// Checks that `other` divides the sharded axis as this array does.
+    fn check_same_split<Q: Placement>(&self, other: &ShardedArray<Q, C>, op: &str) -> Result<()> {
+        let (mine, theirs) = (self.axis_split(), other.axis_split());
+        if mine == theirs {
+            return Ok(());
+        }
+        Err(shape_error(format!(
+            "{op} of {} {:?} split {:?} and {} {:?} split {:?}: the ranks hold different parts; both operands must divide the axis alike",
+            P::name(),
+            self.global_shape(),
+            mine.unwrap_or_default(),
+            Q::name(),
+            other.global_shape(),
+            theirs.unwrap_or_default()
+        )))
     }
 
     fn map(&self, local: Array) -> ShardedArray<P, C> {
@@ -235,9 +257,28 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
                 R::Placement::name()
             )));
         }
+        // The inner dimension: a row-parallel product needs the left's
+        // columns and the right's rows divided alike.
+        let inner = (P::AXIS == Some(1) && R::Placement::AXIS == Some(0))
+            .then(|| (self.axis_lengths(1), rhs.axis_lengths(0)));
+        if let Some((left, right)) = inner.filter(|(l, r)| l != r) {
+            return Err(shape_error(format!(
+                "matmul of {} {l:?} by {} {r:?}: the left's columns are split {left:?} over the ranks but the right's rows {right:?}; they must be split alike",
+                P::name(),
+                R::Placement::name()
+            )));
+        }
         let (a, b) = self.meeting(rhs, s)?;
         let local = a.matmul(&b, s)?;
-        Ok(self.same_local(local, vec![l[0], r[1]]))
+        let out = ShardedArray::new_unchecked(local, self.comm().clone(), vec![l[0], r[1]]);
+        // The output's sharded axis comes from the left's rows (axis 0) or
+        // the right's columns (axis 1), with their split.
+        let split = match <P as MatmulRule<R::Placement>>::Output::AXIS {
+            Some(0) if P::AXIS == Some(0) => self.split().cloned(),
+            Some(1) if R::Placement::AXIS == Some(1) => rhs.split().cloned(),
+            _ => None,
+        };
+        Ok(out.with_split(split))
     }
 
     /// The two local operands of a binary op. A `Replicated` one that meets
@@ -283,6 +324,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     {
         let other = other.sharded();
         self.check_same_shape(other, "add")?;
+        self.check_same_split(other, "add")?;
         Ok(self.map(self.local().add(other.local(), s)?))
     }
 
@@ -293,6 +335,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     {
         let other = other.sharded();
         self.check_same_shape(other, "sub")?;
+        self.check_same_split(other, "sub")?;
         Ok(self.map(self.local().subtract(other.local(), s)?))
     }
 
@@ -308,6 +351,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let other = other.sharded();
         if P::AXIS.is_some() {
             self.check_same_shape(other, "mul")?;
+            self.check_same_split(other, "mul")?;
         }
         let (a, b) = self.meeting(other, s)?;
         let local = a.multiply(&b, s)?;
@@ -359,6 +403,12 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         } else {
             local =
                 super::sharded::local_shape::<P>(global, self.comm().rank(), self.comm().size())?;
+            if let (Some(axis), Some(split)) = (P::AXIS, self.split()) {
+                local[axis] =
+                    i32::try_from(split[self.comm().rank()]).map_err(|_| Error::ShapeOverflow {
+                        value: split[self.comm().rank()],
+                    })?;
+            }
         }
         Ok(self.same_local(self.local().reshape(&local, s)?, global.to_vec()))
     }
@@ -374,7 +424,13 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
                 "transpose of global shape {g:?}: the typed transpose is 2-D"
             )));
         }
-        Ok(self.same_local(self.local().transpose(s)?, vec![g[1], g[0]]))
+        let t = ShardedArray::new_unchecked(
+            self.local().transpose(s)?,
+            self.comm().clone(),
+            vec![g[1], g[0]],
+        );
+        // The split moves with its axis.
+        Ok(t.with_split(self.split().cloned()))
     }
 
     /// `x * sigmoid(x)`. Not for `Partial`.

@@ -83,6 +83,9 @@ pub struct QuantizedArray<P: QuantizedPlacement, C: Collective = Group> {
     local: AffineWeight,
     comm: C,
     global: [usize; 2],
+    /// Every rank's length (elements) along the sharded axis when not the
+    /// chunk rule's (see [`from_local_split`](Self::from_local_split)).
+    split: Option<std::sync::Arc<[usize]>>,
     _placement: std::marker::PhantomData<P>,
 }
 
@@ -134,7 +137,79 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
             local,
             comm: comm.clone(),
             global,
+            split: None,
             _placement: std::marker::PhantomData,
+        })
+    }
+
+    /// Wraps this rank's part `local` of a quantized weight of logical
+    /// shape `global` whose sharded axis is divided as `split` says: rank
+    /// `r` holds `split[r]` rows (`Sharded<0>`) or input columns
+    /// (`Sharded<1>`, whole groups), in rank order, instead of the chunk
+    /// rule's: the rows of a gate projection that meet a down projection's
+    /// groups, say.
+    ///
+    /// # Errors
+    /// A replicated placement, a `split` without one length per rank, not
+    /// adding up to the axis or cutting a group, or a `local` part of
+    /// another shape, each named.
+    pub fn from_local_split(
+        local: AffineWeight,
+        comm: &C,
+        global: [usize; 2],
+        split: &[usize],
+    ) -> Result<Self> {
+        let g = local.group_size;
+        let n = comm.size();
+        let Some(axis) = P::AXIS else {
+            return Err(Error::Shape(format!(
+                "an explicit split is for a sharded quantized weight, not {}",
+                P::name()
+            )));
+        };
+        let cuts = axis == 1 && split.iter().any(|len| len % g != 0);
+        if split.len() != n || split.iter().sum::<usize>() != global[axis] || cuts {
+            return Err(Error::Shape(format!(
+                "a split {split:?} of axis {axis} of a quantized weight {global:?} in groups of {g} over {n} ranks: it needs one length per rank, adding up to the axis{}",
+                if axis == 1 { ", each whole groups" } else { "" }
+            )));
+        }
+        let mut expected = global;
+        expected[axis] = split[comm.rank()];
+        if local.shape() != expected {
+            return Err(Error::Shape(format!(
+                "rank {} of {n} holds {expected:?} of a {} quantized weight of shape {global:?} split {split:?}, but its part has shape {:?}",
+                comm.rank(),
+                P::name(),
+                local.shape()
+            )));
+        }
+        Ok(Self {
+            local,
+            comm: comm.clone(),
+            global,
+            split: Some(split.into()),
+            _placement: std::marker::PhantomData,
+        })
+    }
+
+    /// Every rank's length (elements) along the sharded axis: rows for
+    /// `Sharded<0>`, input columns for `Sharded<1>`; `None` when
+    /// replicated.
+    pub fn axis_split(&self) -> Option<Vec<usize>> {
+        let axis = P::AXIS?;
+        if let Some(split) = &self.split {
+            return Some(split.to_vec());
+        }
+        let (n, [rows, columns]) = (self.comm.size(), self.global);
+        Some(if axis == 0 {
+            chunk_lengths(rows, n)
+        } else {
+            let g = self.local.group_size;
+            chunk_lengths(columns / g, n)
+                .iter()
+                .map(|c| c * g)
+                .collect()
         })
     }
 
@@ -179,13 +254,12 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
         let Some(axis) = P::AXIS else {
             return Ok(self.local.clone());
         };
-        let (n, q) = (self.comm.size(), &self.local);
-        let [rows, columns] = self.global;
+        let q = &self.local;
+        let lengths = self.axis_split().unwrap_or_default();
         let (values, groups) = if axis == 0 {
-            let rows = chunk_lengths(rows, n);
-            (rows.clone(), rows)
+            (lengths.clone(), lengths)
         } else {
-            let groups = chunk_lengths(columns / q.group_size, n);
+            let groups: Vec<usize> = lengths.iter().map(|c| c / q.group_size).collect();
             let words = q.group_size * q.bits / 32;
             (groups.iter().map(|g| g * words).collect(), groups)
         };
@@ -253,9 +327,22 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         }
         let local_inputs = w.local.shape()[1];
         let x_inputs = self.local().shape().get(1).map(|&c| c as usize);
+        // A row-parallel product: x's column split must be the weight's
+        // input groups on every rank, not only on this one.
+        let row_parallel = P::AXIS == Some(1) && Q::AXIS == Some(1);
+        if row_parallel && x_inputs == Some(local_inputs) {
+            let (xs, ws) = (self.axis_lengths(1), w.axis_split().unwrap_or_default());
+            if xs != ws {
+                return Err(Error::Shape(format!(
+                    "quantized matmul of {} {x:?} by a {} quantized weight [{rows}, {columns}] transposed: x's columns are split {xs:?} over the ranks but the weight's inputs {ws:?}; they must be split alike",
+                    P::name(),
+                    Q::name()
+                )));
+            }
+        }
         if x_inputs != Some(local_inputs) {
             return Err(Error::Shape(format!(
-                "quantized matmul on rank {} of {}: x ({}) holds {} of the {columns} inputs but the weight ({}) holds {local_inputs} ({} of {} groups of {}); a Sharded<1> x splits its columns by elements and the weight by groups, which agree only when every chunk is whole groups (e.g. {columns} a multiple of {} times the ranks)",
+                "quantized matmul on rank {} of {}: x ({}) holds {} of the {columns} inputs but the weight ({}) holds {local_inputs} ({} of {} groups of {}); a Sharded<1> x splits its columns by elements unless made with a split, and the weight by groups, which agree only when every chunk is whole groups (e.g. {columns} a multiple of {} times the ranks)",
                 self.comm().rank(),
                 self.comm().size(),
                 P::name(),
@@ -275,10 +362,9 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             self.local().clone()
         };
         let local = w.local.matmul_t(&x_local, s)?;
-        Ok(ShardedArray::new_unchecked(
-            local,
-            self.comm().clone(),
-            vec![x[0], rows as i32],
-        ))
+        let out = ShardedArray::new_unchecked(local, self.comm().clone(), vec![x[0], rows as i32]);
+        // A column-parallel product keeps a row split of the weight.
+        let split = (Q::AXIS == Some(0)).then(|| w.split.clone()).flatten();
+        Ok(out.with_split(split))
     }
 }

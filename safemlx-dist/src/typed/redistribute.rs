@@ -106,8 +106,10 @@ impl<const A: usize, const B: usize> RedistributeTo<Sharded<B>> for Sharded<A> {
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<B>, C>> {
         if A == B || x.comm().size() == 1 {
+            // The same axis keeps its split (one rank holds everything).
+            let split = (A == B).then(|| x.split().cloned()).flatten();
             let local = x.local().clone();
-            return Ok(rewrap(x, local));
+            return Ok(rewrap(x, local).with_split(split));
         }
         // Fails with a clear message when the array has no axis B.
         local_shape::<Sharded<B>>(x.global_shape(), 0, 1)?;

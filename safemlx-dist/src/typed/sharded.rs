@@ -33,6 +33,10 @@ pub struct ShardedArray<P: Placement, C: Collective = Group> {
     /// so a replicated value entering several rank-dependent ops (the gate
     /// and up projections of an MLP) costs one `all_sum` backwards.
     summed: Arc<Mutex<Option<Array>>>,
+    /// For `Sharded<AXIS>`: every rank's length along `AXIS` when they are
+    /// not the chunk rule's (a split by heads or by quantization groups;
+    /// see [`from_local_split`](Self::from_local_split)).
+    split: Option<Arc<[usize]>>,
     _placement: PhantomData<P>,
 }
 
@@ -43,6 +47,7 @@ impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
             comm: self.comm.clone(),
             global: self.global.clone(),
             summed: Arc::clone(&self.summed),
+            split: self.split.clone(),
             _placement: PhantomData,
         }
     }
@@ -120,14 +125,83 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         Ok(Self::new_unchecked(local, comm.clone(), global))
     }
 
+    /// Wraps this rank's `local` array as `Sharded<AXIS>` of a logical
+    /// array of shape `global` whose sharded axis is divided as `split`
+    /// says: rank `r` holds `split[r]` elements (possibly none), in rank
+    /// order, instead of the chunk rule's. Splits by heads (attention)
+    /// and by quantization groups are of this kind; ops check that the
+    /// splits of arrays they combine agree.
+    ///
+    /// # Errors
+    /// A placement that shards no axis, a `split` without one length per
+    /// rank or whose lengths do not add up to the axis, or a `local` array
+    /// whose shape is not this rank's part, each named.
+    pub fn from_local_split(
+        local: Array,
+        comm: &C,
+        global: &[i32],
+        split: &[usize],
+    ) -> Result<Self> {
+        let Some(axis) = P::AXIS else {
+            return Err(Error::Shape(format!(
+                "an explicit split is for a Sharded placement, not {}",
+                P::name()
+            )));
+        };
+        let n = comm.size();
+        let dim = global.get(axis).and_then(|&d| usize::try_from(d).ok());
+        if split.len() != n || dim != Some(split.iter().sum()) {
+            return Err(Error::Shape(format!(
+                "a split {split:?} of axis {axis} of global shape {global:?} over {n} ranks: it needs one length per rank, adding up to the axis"
+            )));
+        }
+        let mut expected = global.to_vec();
+        expected[axis] = i32::try_from(split[comm.rank()]).map_err(|_| Error::ShapeOverflow {
+            value: split[comm.rank()],
+        })?;
+        if local.shape() != expected.as_slice() {
+            return Err(Error::Shape(format!(
+                "rank {} of {n} holds {expected:?} of a {} array of global shape {global:?} split {split:?}, but the local array has shape {:?}",
+                comm.rank(),
+                P::name(),
+                local.shape()
+            )));
+        }
+        Ok(
+            Self::new_unchecked(local, comm.clone(), global.to_vec())
+                .with_split(Some(split.into())),
+        )
+    }
+
     pub(crate) fn new_unchecked(local: Array, comm: C, global: Vec<i32>) -> Self {
         Self {
             local,
             comm,
             global,
             summed: Arc::new(Mutex::new(None)),
+            split: None,
             _placement: PhantomData,
         }
+    }
+
+    /// The same array with every rank's lengths along the sharded axis
+    /// set to `split` (`None`: the chunk rule). Unchecked: callers derive
+    /// it from an array whose local shape it describes.
+    pub(crate) fn with_split(mut self, split: Option<Arc<[usize]>>) -> Self {
+        self.split = split.filter(|_| P::AXIS.is_some());
+        self
+    }
+
+    /// The explicit split along the sharded axis, if any.
+    pub(crate) fn split(&self) -> Option<&Arc<[usize]>> {
+        self.split.as_ref()
+    }
+
+    /// Every rank's length along the sharded axis (the chunk rule unless
+    /// the array was made with an explicit split), or `None` when the
+    /// placement shards no axis.
+    pub fn axis_split(&self) -> Option<Vec<usize>> {
+        P::AXIS.map(|axis| self.axis_lengths(axis))
     }
 
     /// This rank's local array as rank-dependent computation should use
@@ -175,6 +249,11 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
 
     /// This rank's chunk lengths of the sharded axis, for every rank.
     pub(crate) fn axis_lengths(&self, axis: usize) -> Vec<usize> {
+        if let (Some(split), Some(sharded)) = (&self.split, P::AXIS) {
+            if sharded == axis {
+                return split.to_vec();
+            }
+        }
         let dim = self.global.get(axis).copied().unwrap_or(0);
         super::chunk_lengths(usize::try_from(dim).unwrap_or(0), self.comm.size())
     }
