@@ -356,7 +356,7 @@ where
 ///
 /// With tensor parallelism too, `group` is the data-parallel group (the
 /// ranks holding the same shards), made with
-/// [`Group::split`](crate::Group::split); MLX's ring backend cannot split
+/// [`Group::split`](crate::runtime::Group::split); MLX's ring backend cannot split
 /// a group, so data x tensor parallelism needs MPI.
 ///
 /// # Errors

@@ -15,7 +15,7 @@ use safemlx::ops::indexing::TryIndexOp;
 use safemlx::ops::{dequantize, quantize, quantized_matmul};
 use safemlx::{Array, Dtype, Stream};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A quantized `[rows, columns]` weight (see the module docs).
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! `safemlx-launch` with arguments that are not UTF-8, and with a stdout
+//! `safemlx-launch` with arguments and output that are not UTF-8, and with a stdout
 //! that closes early (`| head -c 1`), on ring and MPI.
 
 use std::ffi::OsStr;
@@ -139,5 +139,39 @@ fn a_closed_stdout_stops_the_ranks_quietly_with_sigpipes_status() {
             pids.iter().all(|&p| gone(p)),
             "{backend}: ranks {pids:?} left running"
         );
+    }
+}
+
+#[test]
+fn output_that_is_not_utf8_comes_through_byte_for_byte() {
+    for backend in ["ring", "mpi"] {
+        let out = launcher()
+            .args(["-n", "2", "--backend", backend, "--", "sh", "-c"])
+            .arg(r#"printf 'caf\377\376 \364\217\275\201\n'; printf 'err\377\n' >&2"#)
+            .output()
+            .expect("safemlx-launch runs");
+        assert!(out.status.success(), "{backend}: {out:?}");
+        for rank in 0..2 {
+            let line = [
+                format!("[rank {rank}] caf").into_bytes(),
+                b"\xff\xfe \xf4\x8f\xbd\x81\n".to_vec(),
+            ]
+            .concat();
+            assert!(
+                out.stdout.windows(line.len()).any(|w| w == line),
+                "{backend}: {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            let err = [
+                format!("[rank {rank}] err").into_bytes(),
+                b"\xff\n".to_vec(),
+            ]
+            .concat();
+            assert!(
+                out.stderr.windows(err.len()).any(|w| w == err),
+                "{backend}: {:?}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }

@@ -14,6 +14,7 @@
 //! rank outlives the run.
 
 pub mod agent;
+mod bytes_text;
 mod error;
 mod hostfile;
 mod hosts;

@@ -119,6 +119,7 @@ impl Launch {
             Outcome::Failed { status, .. } => {
                 let lines = report.lock().map(|l| l.clone()).unwrap_or_default();
                 let reported = first_exit.lock().ok().and_then(|first| first.clone());
+                let all_passed = finished.lock().is_ok_and(|f| f.len() == self.ranks);
                 // The wrapper's own report first: mpirun reports a rank
                 // killed by a signal as the wrapper's exit code (137).
                 Err(match reported.or_else(|| mpi::failed_rank(&lines)) {
@@ -126,6 +127,12 @@ impl Launch {
                         rank,
                         status: how,
                         detail: String::new(),
+                    },
+                    // Every wrapper reported status 0: what went wrong is
+                    // mpirun's to say (a rank that exited without MPI
+                    // being finalized, see the book's launching chapter).
+                    None if all_passed => LaunchError::MpirunReported {
+                        lines: lines.into_iter().filter(|l| !l.trim().is_empty()).collect(),
                     },
                     None => LaunchError::MpirunFailed {
                         status: status.to_string(),

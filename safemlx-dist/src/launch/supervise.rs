@@ -70,29 +70,26 @@ fn forward(
             if lines.is_empty() {
                 return;
             }
-            let text = lines.join("\n") + "\n";
+            let text = super::bytes_text::encode(&(lines.join("\n") + "\n"));
             match sink {
                 Sink::Stdout if !STDOUT_CLOSED.load(Ordering::Relaxed) => {
                     let mut out = std::io::stdout().lock();
-                    if out
-                        .write_all(text.as_bytes())
-                        .and_then(|()| out.flush())
-                        .is_err()
-                    {
+                    if out.write_all(&text).and_then(|()| out.flush()).is_err() {
                         STDOUT_CLOSED.store(true, Ordering::Relaxed);
                     }
                 }
                 // Closed: the rest is read (so no rank blocks) and dropped.
                 Sink::Stdout => {}
                 Sink::Stderr => {
-                    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+                    let _ = std::io::stderr().lock().write_all(&text);
                 }
             }
         };
         let mut reader = BufReader::new(stream);
         let mut raw = Vec::new();
         while matches!(reader.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
-            let text = String::from_utf8_lossy(&raw);
+            // Every byte kept, UTF-8 or not (see `bytes_text.rs`).
+            let text = super::bytes_text::decode(&raw);
             print(lines(Some(text.trim_end_matches(['\n', '\r']))));
             raw.clear();
         }

@@ -3,8 +3,9 @@
 
 use safemlx::{Array, Stream};
 
+use crate::error::Result;
+use crate::runtime::Group;
 use crate::typed::{gather_weight, shard_weight, Partial, Replicated, Sharded, ShardedArray};
-use crate::{Group, Result};
 
 /// `y = x W (+ b)` with `W` `[D, H]` split by columns: rank `r` computes its
 /// `H / n` output columns. No communication; the output is `Sharded<1>`,
