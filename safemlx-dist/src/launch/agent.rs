@@ -3,7 +3,7 @@
 //! never outlives the run.
 //!
 //! The launcher first writes the run's secret to each agent's ssh
-//! connection ([`preamble`]), then a byte every second.
+//! connection (`preamble`), then a byte every second.
 //! The agent starts the rank (in its own process group, its output going
 //! straight back over ssh) and stops it (SIGTERM, SIGKILL 2 s later) when
 //! the connection closes (the launcher stopped the run, or was killed), when
