@@ -20,37 +20,15 @@
 //! placement-correct gradients by construction; outside of it they insert
 //! nothing, and inference pays nothing.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 use safemlx::{Array, Stream};
 
 use crate::error::{Error, Result};
 use crate::runtime;
+pub use crate::runtime::is_tracing;
+use crate::runtime::Tracing;
 use crate::typed::{Collective, Placement, Replicated, ShardedArray};
-
-thread_local! {
-    static TRACING: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Whether this thread is tracing a [`value_and_grad`].
-pub fn is_tracing() -> bool {
-    TRACING.with(Cell::get) > 0
-}
-
-struct Tracing;
-
-impl Tracing {
-    fn enter() -> Self {
-        TRACING.with(|t| t.set(t.get() + 1));
-        Self
-    }
-}
-
-impl Drop for Tracing {
-    fn drop(&mut self) {
-        TRACING.with(|t| t.set(t.get().saturating_sub(1)));
-    }
-}
 
 /// `x` unchanged; while tracing a gradient on a group of several ranks, its
 /// gradient is summed over the ranks (one `all_sum` in the backward pass).
@@ -63,96 +41,10 @@ impl Drop for Tracing {
 /// # Errors
 /// An MLX error.
 pub fn sum_gradients<C: Collective>(x: &Array, comm: &C, s: &Stream) -> Result<Array> {
-    if !is_tracing() || comm.size() == 1 {
-        return Ok(x.clone());
-    }
-    let (group, s) = (comm.group().clone(), s.clone());
-    runtime::identity_with_vjp(x, Box::new(move |g| crate::runtime::all_sum(g, &group, &s)))
+    runtime::sum_gradients(x, comm.group(), s)
 }
 
-/// `whole` and `shared` unchanged; while tracing a gradient on several
-/// ranks, their gradients are summed in one `all_sum`: those of `whole`
-/// over every rank, those of `shared` over the ranks that pass the same
-/// `slot` of `slots` (the ranks holding one copy of a replicated head).
-///
-/// One sum for several arrays matters where ranks build different graphs
-/// (a rank computing nothing for a layer, e.g. one whose experts got no
-/// token): two independent sums could reach the backward pass in another
-/// order there than on its peers and pair the wrong operands. Every rank
-/// must call it alike (same shapes, same `slots`); a shared array's
-/// gradient travels as a `slots` times larger buffer.
-///
-/// # Errors
-/// A `slot` not below `slots`, or an MLX error.
-pub(crate) fn sum_gradients_together(
-    whole: &[&Array],
-    shared: &[&Array],
-    (slot, slots): (usize, usize),
-    comm: &crate::runtime::Group,
-    s: &Stream,
-) -> Result<(Vec<Array>, Vec<Array>)> {
-    let clones = |a: &[&Array]| a.iter().map(|&a| a.clone()).collect::<Vec<_>>();
-    if !is_tracing() || comm.size() == 1 {
-        return Ok((clones(whole), clones(shared)));
-    }
-    if slot >= slots {
-        return Err(Error::Shape(format!(
-            "gradient slot {slot} of {slots}: the slot must be below the count"
-        )));
-    }
-    let flat = |a: &&Array| -> Result<Array> {
-        Ok(a.as_dtype(safemlx::Dtype::Float32, s)?.reshape(&[-1], s)?)
-    };
-    let pieces: Vec<Array> = whole
-        .iter()
-        .chain(shared)
-        .map(flat)
-        .collect::<Result<_>>()?;
-    let whole_len: usize = whole.iter().map(|a| a.size()).sum();
-    let shared_len: usize = shared.iter().map(|a| a.size()).sum();
-    let joint = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
-    let (group, stream) = (comm.clone(), s.clone());
-    let joint = runtime::identity_with_vjp(
-        &joint,
-        Box::new(move |g| {
-            let s = &stream;
-            let cut = |a: &Array, at: usize, len: usize| {
-                crate::typed::collective::slice_axis(a, 0, at, len, s)
-            };
-            let zeros =
-                |len: usize| -> Result<Array> { Ok(safemlx::ops::zeros::<f32>(&[len as i32], s)?) };
-            // The shared part in this rank's slot of a `slots`-long buffer.
-            let buffer = safemlx::ops::concatenate_axis(
-                &[
-                    cut(g, 0, whole_len)?,
-                    zeros(slot * shared_len)?,
-                    cut(g, whole_len, shared_len)?,
-                    zeros((slots - slot - 1) * shared_len)?,
-                ],
-                0,
-                s,
-            )?;
-            let summed = crate::runtime::all_sum(&buffer, &group, s)?;
-            Ok(safemlx::ops::concatenate_axis(
-                &[
-                    cut(&summed, 0, whole_len)?,
-                    cut(&summed, whole_len + slot * shared_len, shared_len)?,
-                ],
-                0,
-                s,
-            )?)
-        }),
-    )?;
-    let mut offset = 0;
-    let mut back = |like: &&Array| -> Result<Array> {
-        let piece = crate::typed::collective::slice_axis(&joint, 0, offset, like.size(), s)?;
-        offset += like.size();
-        Ok(piece.reshape(like.shape(), s)?.as_dtype(like.dtype(), s)?)
-    };
-    let whole = whole.iter().map(&mut back).collect::<Result<Vec<_>>>()?;
-    let shared = shared.iter().map(&mut back).collect::<Result<Vec<_>>>()?;
-    Ok((whole, shared))
-}
+pub(crate) use crate::runtime::sum_gradients_together;
 
 /// The loss that `loss` computes from `params` and its gradient with
 /// respect to each of them, in order.
@@ -399,7 +291,7 @@ pub fn average_gradients<M: Parameters>(
         let mean = crate::runtime::all_sum(&joined, group, s)?.divide(&n, s)?;
         let mut offset = 0;
         for (a, &len) in locals[start..end].iter().zip(&sizes) {
-            let piece = crate::typed::collective::slice_axis(&mean, 0, offset, len as usize, s)?;
+            let piece = crate::runtime::slice_axis(&mean, 0, offset, len as usize, s)?;
             averaged.push(piece.reshape(a.shape(), s)?);
             offset += len as usize;
         }

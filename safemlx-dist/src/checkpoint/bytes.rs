@@ -5,7 +5,7 @@ use safemlx::{Array, Dtype, Stream};
 
 use super::format;
 use crate::error::{Error, Result};
-use crate::typed::collective::slice_axis;
+use crate::runtime::slice_axis;
 
 /// The array of `shape` and `dtype` whose row-major bytes are `bytes`.
 ///

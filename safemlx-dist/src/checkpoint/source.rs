@@ -8,7 +8,7 @@ use safemlx::{Array, Dtype, Stream};
 
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
-use crate::typed::collective::slice_axis;
+use crate::runtime::slice_axis;
 
 /// Tensors by name (Hugging Face names for models:
 /// `model.layers.0.self_attn.q_proj.weight`, `[out, in]`), read in parts:

@@ -294,7 +294,7 @@ impl Llama {
                 x.global_shape()
             )));
         };
-        let last = crate::typed::collective::slice_axis(x.local(), 0, (t - 1) as usize, 1, s)?;
+        let last = crate::runtime::slice_axis(x.local(), 0, (t - 1) as usize, 1, s)?;
         let last = ShardedArray::from_local(last, x.comm(), &[1, d])?;
         self.head().logits(&self.norm.forward(&last, s)?, s)
     }

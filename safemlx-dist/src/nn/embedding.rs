@@ -144,8 +144,7 @@ pub fn gather_logits(
         )));
     }
     let count = (rows.end - rows.start) as i32;
-    let picked =
-        crate::typed::collective::slice_axis(logits.local(), 0, rows.start, rows.len(), s)?
-            .as_dtype(Dtype::Float32, s)?;
+    let picked = crate::runtime::slice_axis(logits.local(), 0, rows.start, rows.len(), s)?
+        .as_dtype(Dtype::Float32, s)?;
     ShardedArray::<Sharded<1>>::from_local(picked, logits.comm(), &[count, v])?.all_gather(s)
 }

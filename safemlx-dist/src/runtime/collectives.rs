@@ -23,7 +23,7 @@ fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Ar
         _ => "all_reduce",
     };
     group.enter(name, input);
-    if crate::grad::is_tracing() && !group.is_singleton() && op != Unary::AllSum {
+    if super::gradient_sum::is_tracing() && !group.is_singleton() && op != Unary::AllSum {
         return extremum_with_gradient(op, input, group, stream);
     }
     group.in_order(input, |input| {
@@ -57,7 +57,7 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
     if group.is_singleton() {
         return Ok(input.clone());
     }
-    if crate::grad::is_tracing() {
+    if super::gradient_sum::is_tracing() {
         // MLX's `AllReduce` has the gradient of a replicated result; the
         // exchange and ring lowerings have none or a different one.
         return native::unary(op, input, group.native(), stream);
@@ -145,7 +145,7 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     let stream = stream.as_ref();
     group.in_order(input, |input| {
         profile::timed(input, || {
-            let plan = if crate::grad::is_tracing() {
+            let plan = if super::gradient_sum::is_tracing() {
                 // The one lowering with a gradient rule everywhere.
                 SumScatterPlan::AllSumSlice
             } else {

@@ -16,28 +16,12 @@
 //! there (the input shapes of these collectives agree across ranks), so each
 //! receive knows its shape without any extra message.
 
-use safemlx::{Array, Device, DeviceType, Stream};
+use safemlx::{Array, Stream};
 
 use super::group::Group;
 use super::native::{self, Unary};
+use super::p2p_streams::P2pStreams;
 use crate::error::Result;
-
-/// The two streams the compositions move bytes on, one pair per group.
-#[derive(Debug)]
-pub(crate) struct P2pStreams {
-    send: Stream,
-    recv: Stream,
-}
-
-impl P2pStreams {
-    pub(crate) fn new() -> Self {
-        let cpu = Device::new(DeviceType::Cpu, 0);
-        Self {
-            send: Stream::new_with_device(&cpu),
-            recv: Stream::new_with_device(&cpu),
-        }
-    }
-}
 
 /// How two partial results combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +158,7 @@ pub(crate) fn all_sum_then_slice(input: &Array, group: &Group, s: &Stream) -> Re
     let sum = native::unary(Unary::AllSum, input, group.native(), s)?;
     // Each rank keeps a different slice: the gradient of the sum is the
     // sum of the ranks' padded slices (identity outside a gradient).
-    let sum = crate::grad::sum_gradients(&sum, group, s)?;
+    let sum = super::gradient_sum::sum_gradients(&sum, group, s)?;
     let n = i32::try_from(group.size()).unwrap_or(i32::MAX);
     let mut chunks = sum.split(n, 0, s)?;
     Ok(chunks.swap_remove(group.rank()))

@@ -33,7 +33,7 @@ use crate::error::Result;
 /// of its own enforces it, so it holds wherever this thread is blocked,
 /// inside MLX included.
 ///
-/// While [`grad::value_and_grad`](crate::grad::value_and_grad) traces
+/// While `grad::value_and_grad` traces
 /// (an MoE reads its routing counts then), MLX allows only its own
 /// blocking evaluation, which this then uses: it waits with MLX's spin,
 /// bounded by the same timeout.
@@ -42,7 +42,7 @@ use crate::error::Result;
 /// What the evaluation raised (e.g. a collective's transport error).
 pub fn eval(arrays: &[&Array]) -> Result<()> {
     let _waiting = super::deadline::waiting();
-    if crate::grad::is_tracing() {
+    if super::gradient_sum::is_tracing() {
         // MLX refuses an asynchronous evaluation inside a transformation.
         safemlx::transforms::eval(arrays.iter().copied())?;
         return Ok(());

@@ -9,12 +9,16 @@ mod composed;
 mod deadline;
 mod eval;
 mod exchange;
+mod gradient_sum;
 mod group;
+mod join;
 mod launcher_watch;
 mod lowering;
 mod native;
+mod p2p_streams;
 mod profile;
 mod progress;
+mod slicing;
 mod validate;
 
 pub use admission::{new_token, TOKEN_ENV};
@@ -24,13 +28,17 @@ pub use collectives::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
 };
 pub use eval::eval;
-pub use group::{init, Group};
+pub use gradient_sum::{is_tracing, sum_gradients};
+pub(crate) use gradient_sum::{sum_gradients_together, Tracing};
+pub use group::Group;
+pub use join::init;
 pub(crate) use launcher_watch::this_launcher;
 pub use launcher_watch::LAUNCHER_ENV;
 pub use lowering::{Lowering, LOWERING_ENV};
-pub(crate) use native::{identity_with_vjp, take_vjp_error};
+pub(crate) use native::take_vjp_error;
 pub use profile::{CollectiveProfile, CollectiveTime};
 pub use progress::{
     DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV,
     TIMEOUT_EXIT,
 };
+pub(crate) use slicing::slice_axis;

@@ -184,7 +184,6 @@ pub(crate) fn joined(rank: usize, size: usize) {
         open_alive(&mut state, rank);
     }
     heartbeat();
-    super::deadline::watch();
 }
 
 /// Counts a collective `op` of a group of `group_size` on `input`: its

@@ -3,7 +3,7 @@
 use safemlx::{Array, Dtype, Stream};
 
 use crate::error::{Error, Result};
-use crate::runtime::Group;
+use crate::runtime::{slice_axis, Group};
 
 /// What the typed layer needs from a group: rank, size and the collectives
 /// along any axis, for even and uneven chunks. [`Group`] (size known at run
@@ -108,23 +108,6 @@ fn from_front(x: Array, axis: usize, s: &Stream) -> Result<Array> {
     Ok(x.move_axis(0, as_i32(axis)?, s)?)
 }
 
-/// Elements `[offset, offset + len)` of `x` along `axis`.
-pub(crate) fn slice_axis(
-    x: &Array,
-    axis: usize,
-    offset: usize,
-    len: usize,
-    s: &Stream,
-) -> Result<Array> {
-    let dim = usize::try_from(x.shape()[axis]).unwrap_or(0);
-    if offset == 0 && len == dim {
-        return Ok(x.clone());
-    }
-    let bounds = [as_i32(offset)?, as_i32(offset + len)?];
-    let mut parts = x.split_axis(&bounds, as_i32(axis)?, s)?;
-    Ok(parts.swap_remove(1))
-}
-
 fn gather(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream) -> Result<Array> {
     let front = to_front(x, axis, s)?;
     let longest = lengths.iter().copied().max().unwrap_or(0);
@@ -157,7 +140,7 @@ fn scatter(group: &Group, x: &Array, axis: usize, lengths: &[usize], s: &Stream)
         return from_front(crate::runtime::sum_scatter(&front, group, s)?, axis, s);
     }
     let sum = crate::runtime::all_sum(x, group, s)?;
-    let sum = crate::grad::sum_gradients(&sum, group, s)?;
+    let sum = crate::runtime::sum_gradients(&sum, group, s)?;
     let offset: usize = lengths[..group.rank()].iter().sum();
     slice_axis(&sum, axis, offset, lengths[group.rank()], s)
 }

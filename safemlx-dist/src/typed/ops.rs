@@ -284,7 +284,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// The two local operands of a binary op. A `Replicated` one that meets
     /// a placement that differs by rank has a local gradient that is only
     /// this rank's share: while a gradient is traced it goes through
-    /// [`sum_gradients`](crate::grad::sum_gradients).
+    /// [`sum_gradients`](crate::runtime::sum_gradients).
     fn meeting<Q: Placement>(
         &self,
         other: &ShardedArray<Q, C>,
@@ -475,7 +475,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
 
     /// The sum of all elements, a scalar: `Replicated` for a `Replicated`
     /// array, otherwise this rank's share (`Partial`; `.all_sum()` gives
-    /// the total). A loss for [`grad::value_and_grad`](crate::grad::value_and_grad).
+    /// the total). A loss for `grad::value_and_grad`.
     ///
     /// # Errors
     /// An MLX error.

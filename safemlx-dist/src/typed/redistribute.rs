@@ -11,11 +11,11 @@
 
 use safemlx::{Array, Stream};
 
-use super::collective::slice_axis;
 use super::placement::{chunk, Partial, Placement, Ragged, Replicated, Sharded};
 use super::sharded::{local_shape, ShardedArray};
 use super::Collective;
 use crate::error::{Error, Result};
+use crate::runtime::slice_axis;
 
 /// A placement transition with a rule. Implemented for the rows of the table
 /// above and nothing else, so a transition without a rule does not compile.

@@ -206,10 +206,10 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
 
     /// This rank's local array as rank-dependent computation should use
     /// it: while a gradient is traced on several ranks, through
-    /// [`sum_gradients`](crate::grad::sum_gradients), made once per array
+    /// [`sum_gradients`](crate::runtime::sum_gradients), made once per array
     /// (and its clones) so that every use shares one sum.
     pub(crate) fn summed_local(&self, s: &safemlx::Stream) -> Result<Array> {
-        if !crate::grad::is_tracing() || self.comm.size() == 1 {
+        if !crate::runtime::is_tracing() || self.comm.size() == 1 {
             return Ok(self.local.clone());
         }
         // The Option is valid whatever a panicking holder did: no poison.
@@ -220,7 +220,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         if let Some(a) = summed.as_ref() {
             return Ok(a.clone());
         }
-        let a = crate::grad::sum_gradients(&self.local, &self.comm, s)?;
+        let a = crate::runtime::sum_gradients(&self.local, self.comm.group(), s)?;
         *summed = Some(a.clone());
         Ok(a)
     }

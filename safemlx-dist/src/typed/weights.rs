@@ -3,11 +3,11 @@
 
 use safemlx::{Array, Stream};
 
-use super::collective::slice_axis;
 use super::placement::{chunk, Placement};
 use super::sharded::ShardedArray;
 use super::Collective;
 use crate::error::{Error, Result};
+use crate::runtime::slice_axis;
 
 /// One field of a `#[sharded]` layer: what `layout()` lists.
 #[derive(Debug, Clone, PartialEq, Eq)]

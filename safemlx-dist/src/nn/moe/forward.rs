@@ -9,7 +9,7 @@ use super::config::ExpertMatmul;
 use super::routing::{arange, int_array, routed_shares, silu, take_rows, Routing};
 use super::{Experts, Moe, MoeOutput};
 use crate::error::{Error, Result};
-use crate::typed::collective::slice_axis;
+use crate::runtime::slice_axis;
 use crate::typed::{chunk, Partial, Ragged, Replicated, RoutingPlan, ShardedArray};
 
 impl Moe {

@@ -7,8 +7,8 @@ use safemlx::{Array, Dtype, Stream};
 use super::config::Gating;
 use super::Moe;
 use crate::error::{Error, Result};
+use crate::runtime::slice_axis;
 use crate::runtime::Group;
-use crate::typed::collective::slice_axis;
 
 pub(super) fn int_array(values: &[i32]) -> Array {
     Array::from_slice(values, &[values.len() as i32])
