@@ -96,7 +96,7 @@ impl TryFrom<String> for Backend {
 }
 
 /// Whether MLX was built with `backend`. Says nothing about whether peers
-/// or the environment are configured: [`init`](crate::init) tells that.
+/// or the environment are configured: [`init`](crate::runtime::init) tells that.
 pub fn is_available(backend: Backend) -> bool {
     super::native::is_available(backend.native_name())
 }

@@ -86,7 +86,7 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
 /// messages of 1 to 2 MiB between 2 ranks go through two `all_to_all_v`
 /// exchanges, and of 2 to 8 MiB through a ring reduce-scatter + all-gather
 /// built from `send`/`recv`, which measured faster than MLX's op there (see
-/// the group's [`Lowering`](crate::Lowering) and the book's table).
+/// the group's [`Lowering`](crate::runtime::Lowering) and the book's table).
 pub fn all_sum(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> Result<Array> {
     reduce(Unary::AllSum, input, group, stream.as_ref())
 }

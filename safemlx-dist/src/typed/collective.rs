@@ -53,7 +53,7 @@ pub trait Collective: Clone {
         scatter(self.group(), x, axis, lengths, s)
     }
 
-    /// Variable-row exchange (see [`crate::all_to_all_v`]).
+    /// Variable-row exchange (see [`all_to_all_v`](crate::runtime::all_to_all_v)).
     fn all_to_all_v(
         &self,
         x: &Array,
@@ -70,12 +70,12 @@ pub trait Collective: Clone {
         )
     }
 
-    /// A lazy send to `destination` (see [`crate::send`]).
+    /// A lazy send to `destination` (see [`send`](crate::runtime::send)).
     fn send(&self, x: &Array, destination: usize, s: &Stream) -> Result<Array> {
         crate::runtime::send(x, destination, self.group(), s)
     }
 
-    /// A lazy receive from `source` (see [`crate::recv`]).
+    /// A lazy receive from `source` (see [`recv`](crate::runtime::recv)).
     fn recv(&self, shape: &[i32], dtype: Dtype, source: usize, s: &Stream) -> Result<Array> {
         crate::runtime::recv(shape, dtype, source, self.group(), s)
     }

@@ -213,23 +213,6 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         ShardedArray::new_unchecked(local, self.comm().clone(), global).with_split(split)
     }
 
-    /// Checks that `other` divides the sharded axis as this array does.
-    fn check_same_split<Q: Placement>(&self, other: &ShardedArray<Q, C>, op: &str) -> Result<()> {
-        let (mine, theirs) = (self.axis_split(), other.axis_split());
-        if mine == theirs {
-            return Ok(());
-        }
-        Err(shape_error(format!(
-            "{op} of {} {:?} split {:?} and {} {:?} split {:?}: the ranks hold different parts; both operands must divide the axis alike",
-            P::name(),
-            self.global_shape(),
-            mine.unwrap_or_default(),
-            Q::name(),
-            other.global_shape(),
-            theirs.unwrap_or_default()
-        )))
-    }
-
     fn map(&self, local: Array) -> ShardedArray<P, C> {
         self.same_local(local, self.global_shape().to_vec())
     }

@@ -225,6 +225,27 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         Ok(a)
     }
 
+    /// Checks that `other` divides the sharded axis as this array does.
+    pub(crate) fn check_same_split<Q: Placement>(
+        &self,
+        other: &ShardedArray<Q, C>,
+        op: &str,
+    ) -> Result<()> {
+        let (mine, theirs) = (self.axis_split(), other.axis_split());
+        if mine == theirs {
+            return Ok(());
+        }
+        Err(Error::Shape(format!(
+            "{op} of {} {:?} split {:?} and {} {:?} split {:?}: the ranks hold different parts; both operands must divide the axis alike",
+            P::name(),
+            self.global_shape(),
+            mine.unwrap_or_default(),
+            Q::name(),
+            other.global_shape(),
+            theirs.unwrap_or_default()
+        )))
+    }
+
     /// This rank's local array.
     pub fn local(&self) -> &Array {
         &self.local
