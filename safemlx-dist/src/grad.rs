@@ -192,6 +192,36 @@ pub fn split_locals<'a>(locals: &'a [Array], counts: &[usize]) -> Result<Vec<&'a
         .collect())
 }
 
+/// A float weight is one parameter (this rank's part); a quantized one
+/// none: it stays frozen.
+impl<P: crate::typed::QuantizedPlacement> Parameters for crate::typed::LinearWeight<P> {
+    fn parameters(&self) -> Vec<Parameter> {
+        match self {
+            Self::Float(w) => vec![Parameter::of(w)],
+            Self::Quantized(_) => Vec::new(),
+        }
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        match self {
+            Self::Float(w) => {
+                check_count(1, locals.len())?;
+                let local = locals[0].clone();
+                Ok(Self::Float(match w.axis_split() {
+                    Some(split) => {
+                        ShardedArray::from_local_split(local, w.comm(), w.global_shape(), &split)?
+                    }
+                    None => ShardedArray::from_local(local, w.comm(), w.global_shape())?,
+                }))
+            }
+            Self::Quantized(_) => {
+                check_count(0, locals.len())?;
+                Ok(self.clone())
+            }
+        }
+    }
+}
+
 impl<A: Parameters, B: Parameters> Parameters for (A, B) {
     fn parameters(&self) -> Vec<Parameter> {
         let mut all = self.0.parameters();

@@ -131,6 +131,21 @@ impl AffineWeight {
         })
     }
 
+    /// The rows `indices` (`[T]` int32, in range), in their order: an
+    /// embedding's lookup, before dequantizing only those rows.
+    ///
+    /// # Errors
+    /// An MLX error.
+    pub fn take_rows(&self, indices: &Array, s: &Stream) -> Result<Self> {
+        let take = |a: &Array| a.take_axis(indices, 0, s);
+        Ok(Self {
+            weight: take(&self.weight)?,
+            scales: take(&self.scales)?,
+            biases: take(&self.biases)?,
+            ..*self
+        })
+    }
+
     /// Groups `first..first + count` of every row (a layer's inputs, in
     /// whole groups).
     ///

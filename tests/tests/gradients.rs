@@ -10,8 +10,8 @@ use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{
-    gather_logits, ColumnParallelLinear, ExpertPlacement, RmsNorm, RowParallelLinear,
-    ShardedAttention, SwiGluMlp, VocabParallelEmbedding,
+    gather_logits, ColumnParallelLinear, Embedding, ExpertPlacement, RmsNorm, RowParallelLinear,
+    ShardedAttention, SwiGluMlp,
 };
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{Replicated, Sharded};
@@ -343,7 +343,7 @@ fn check_attention_and_embedding(group: &Group) {
             .unwrap();
 
     let attention = ShardedAttention::from_full(group, heads as usize, qkv, out, &s).unwrap();
-    let embedding = VocabParallelEmbedding::from_full(group, table, &s).unwrap();
+    let embedding = Embedding::from_full(group, table, &s).unwrap();
     let xr = ShardedArray::<Replicated>::replicated(x, group);
     let (loss, grads) = value_and_grad_of(&(attention, embedding), |(attention, embedding)| {
         let h = embedding
@@ -370,7 +370,7 @@ fn check_attention_and_embedding(group: &Group) {
         &s,
     );
     assert_close(
-        embedding.weight.local(),
+        &embedding.parameters()[0].local,
         &part(&want[3], 0, group, &s),
         "d loss / d embedding, tied head (this rank's vocabulary rows)",
         &s,

@@ -26,8 +26,8 @@ use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::{split_locals, Parameter, Parameters};
 use crate::nn::{
-    GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp,
-    QuantizedVocabParallelEmbedding, RmsNorm, Rope, SwiGluMlp, VocabParallelEmbedding,
+    Embedding, GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp, RmsNorm, Rope,
+    SwiGluMlp,
 };
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
@@ -86,58 +86,16 @@ impl Mlp {
     }
 }
 
-/// A vocabulary table (embedding, LM head): float or quantized.
-#[derive(Debug)]
-enum Table {
-    Float(VocabParallelEmbedding),
-    Quantized(QuantizedVocabParallelEmbedding),
-}
-
-impl Table {
-    fn load(w: &Weights, dims: (usize, usize), s: &Stream) -> Result<Self> {
-        Ok(if w.quantization("weight").is_some() {
-            Self::Quantized(QuantizedVocabParallelEmbedding::load(w, dims, s)?)
-        } else {
-            Self::Float(VocabParallelEmbedding::load(w, dims, s)?)
-        })
-    }
-
-    fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
-        match self {
-            Self::Float(e) => e.forward(tokens, s),
-            Self::Quantized(e) => e.forward(tokens, s),
-        }
-    }
-
-    fn logits(&self, h: &ShardedArray<Replicated>, s: &Stream) -> Result<ShardedArray<Sharded<1>>> {
-        match self {
-            Self::Float(e) => e.logits(h, s),
-            Self::Quantized(e) => e.logits(h, s),
-        }
-    }
-
-    fn nbytes(&self) -> usize {
-        match self {
-            Self::Float(e) => e.weight.local().nbytes(),
-            Self::Quantized(e) => e.weight.nbytes(),
-        }
-    }
-
-    fn is_quantized(&self) -> bool {
-        matches!(self, Self::Quantized(_))
-    }
-}
-
 /// A Llama-family model, this rank's part of it.
 #[derive(Debug)]
 pub struct Llama {
     config: LlamaConfig,
     path: String,
-    embed: Table,
+    embed: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `None` with tied embeddings: the LM head is `embed`.
-    lm_head: Option<Table>,
+    lm_head: Option<Embedding>,
 }
 
 impl Llama {
@@ -210,7 +168,7 @@ impl Llama {
         let norm = |w: &Weights| RmsNorm::load(w, d, c.rms_norm_eps, s);
         // The embedding first: its shape says whether this is the model
         // the configuration describes.
-        let embed = Table::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s)?;
+        let embed = Embedding::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s)?;
         let layers = (0..c.layers)
             .map(|i| {
                 let w = w.pp(&format!("model.layers.{i}"));
@@ -230,7 +188,7 @@ impl Llama {
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(Table::load(&w.pp("lm_head"), (c.vocab_size, d), s)?)
+            Some(Embedding::load(&w.pp("lm_head"), (c.vocab_size, d), s)?)
         };
         Ok(Self {
             norm: norm(&w.pp("model.norm"))?,
@@ -302,7 +260,7 @@ impl Llama {
     /// Whether any weight stays quantized.
     pub fn is_quantized(&self) -> bool {
         self.embed.is_quantized()
-            || self.lm_head.as_ref().is_some_and(Table::is_quantized)
+            || self.lm_head.as_ref().is_some_and(Embedding::is_quantized)
             || self
                 .layers
                 .iter()
@@ -310,7 +268,7 @@ impl Llama {
     }
 
     /// The LM head: its own table, or the embedding when tied.
-    fn head(&self) -> &Table {
+    fn head(&self) -> &Embedding {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
@@ -362,7 +320,7 @@ impl Llama {
                     + l.mlp.nbytes()
             })
             .sum();
-        let head = self.lm_head.as_ref().map_or(0, Table::nbytes);
+        let head = self.lm_head.as_ref().map_or(0, Embedding::nbytes);
         self.embed.nbytes() + layers + norms(&self.norm) + head
     }
 }
@@ -385,24 +343,6 @@ impl Parameters for Mlp {
             Self::Moe(m) => Ok(Self::Moe(m.with_parameters(locals)?)),
             Self::Quantized(_) => Err(Error::Shape(
                 "a quantized MLP has no trainable parameters".to_owned(),
-            )),
-        }
-    }
-}
-
-impl Parameters for Table {
-    fn parameters(&self) -> Vec<Parameter> {
-        match self {
-            Self::Float(e) => e.parameters(),
-            Self::Quantized(_) => Vec::new(),
-        }
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        match self {
-            Self::Float(e) => Ok(Self::Float(e.with_parameters(locals)?)),
-            Self::Quantized(_) => Err(Error::Shape(
-                "a quantized vocabulary table has no trainable parameters".to_owned(),
             )),
         }
     }

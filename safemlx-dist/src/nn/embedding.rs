@@ -1,39 +1,59 @@
-//! Vocabulary-parallel token embedding and LM head.
+//! The vocabulary-parallel token embedding and LM head, float or quantized.
 
 use safemlx::{Array, Dtype, Stream};
 
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::typed::{chunk, Partial, Replicated, Sharded, ShardedArray};
-use safemlx_dist_macros::sharded;
+use crate::runtime::Group;
+use crate::typed::{LinearWeight, Replicated, Sharded, ShardedArray};
 
-/// A `[V, D]` table split by vocabulary rows: rank `r` holds rows
-/// `chunk(V, r, n)`. As an embedding, each rank looks up the tokens in its
-/// rows (zeros for the others) and one `all_sum` of `[T, D]` completes the
-/// lookup; as an LM head, `h E^T` gives each rank its vocabulary columns
-/// of the logits, `Sharded<1>`, gathered only where a token is sampled.
-#[sharded]
+/// A `[V, D]` vocabulary table split by rows, float or quantized as the
+/// checkpoint stores it: rank `r` holds rows `chunk(V, r, n)`. As an
+/// embedding, each rank looks up the tokens in its rows (zeros for the
+/// others), a `Partial`, and one `all_sum` of `[T, D]` completes the
+/// lookup; as an LM head, `h Eᵀ` gives each rank its vocabulary columns of
+/// the logits, `Sharded<1>`, gathered only where a token is sampled.
 #[derive(Debug)]
-pub struct VocabParallelEmbedding {
+pub struct Embedding {
     /// `[V, D]`, split by rows.
-    #[shard(Sharded<0>)]
-    pub weight: ShardedArray<Sharded<0>>,
+    pub weight: LinearWeight<Sharded<0>>,
 }
 
-impl VocabParallelEmbedding {
-    /// Reads this rank's rows of the `[vocab, dim]` tensor `weight`.
+impl Embedding {
+    /// Reads this rank's rows of the `[vocab, dim]` tensor `weight`, kept
+    /// quantized when the checkpoint stores it so.
     ///
     /// # Errors
     /// A missing tensor or one of another shape.
     pub fn load(w: &Weights, (vocab, dim): (usize, usize), s: &Stream) -> Result<Self> {
+        let weight = if w.quantization("weight").is_some() {
+            LinearWeight::Quantized(w.quantized("weight", Some([vocab, dim]), s)?)
+        } else {
+            LinearWeight::Float(w.get("weight", &[vocab, dim], s)?)
+        };
+        Ok(Self { weight })
+    }
+
+    /// This rank's rows of the full float `table` `[V, D]`.
+    ///
+    /// # Errors
+    /// A table that is not 2-D, or an MLX error.
+    pub fn from_full(group: &Group, table: Array, s: &Stream) -> Result<Self> {
+        if table.ndim() != 2 {
+            return Err(Error::Shape(format!(
+                "a vocabulary table is [V, D], got {:?}",
+                table.shape()
+            )));
+        }
+        let weight = ShardedArray::replicated(table, group).shard::<0>(s)?;
         Ok(Self {
-            weight: w.get("weight", &[vocab, dim], s)?,
+            weight: LinearWeight::Float(weight),
         })
     }
 
     /// The vocabulary size `V`.
     pub fn vocab(&self) -> usize {
-        self.weight.global_shape()[0] as usize
+        self.weight.global_shape()[0]
     }
 
     /// The rows of `tokens` on every rank, `[T, D]`. Cost: one `all_sum` of
@@ -42,23 +62,10 @@ impl VocabParallelEmbedding {
     /// # Errors
     /// A token id outside the vocabulary (named with its position).
     pub fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
-        let comm = self.weight.comm();
-        let (first, count) = chunk(self.vocab(), comm.rank(), comm.size());
-        let (rows, keep, t) = local_lookup(tokens, self.vocab(), (first, count))?;
-        let d = self.weight.global_shape()[1];
-        let local = if count == 0 {
-            safemlx::ops::zeros_dtype(&[t, d], self.weight.local().dtype(), s)?
-        } else {
-            let keep = keep.as_dtype(self.weight.local().dtype(), s)?;
-            self.weight
-                .local()
-                .take_axis(&rows, 0, s)?
-                .multiply(&keep, s)?
-        };
-        ShardedArray::<Partial>::from_local(local, comm, &[t, d])?.all_sum(s)
+        self.weight.lookup(tokens, s)?.all_sum(s)
     }
 
-    /// The logits `h E^T` of the replicated hidden states `h` `[T, D]`:
+    /// The logits `h Eᵀ` of the replicated hidden states `h` `[T, D]`:
     /// this rank's vocabulary columns, `[T, V]` split by columns. No
     /// communication.
     ///
@@ -69,56 +76,32 @@ impl VocabParallelEmbedding {
         h: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
-        let transposed: ShardedArray<Sharded<1>> = self.weight.transpose(s)?; // [D, V]
-        h.matmul(&transposed, s)
+        h.linear(&self.weight, s)
+    }
+
+    /// Bytes of this rank's rows.
+    pub fn nbytes(&self) -> usize {
+        self.weight.nbytes()
+    }
+
+    /// Whether the table stays quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.weight.is_quantized()
     }
 }
 
-/// A vocabulary-parallel lookup of `tokens` on the rank holding rows
-/// `(first, count)` of `vocab`: each token's local row (0 for another
-/// rank's), `[T]`; a `float32` `[T, 1]` mask, 1 where the row is this
-/// rank's; and `T`.
-///
-/// # Errors
-/// A token id outside the vocabulary (named with its position), or more
-/// tokens than MLX's `i32` shapes hold.
-pub(super) fn local_lookup(
-    tokens: &[u32],
-    vocab: usize,
-    (first, count): (usize, usize),
-) -> Result<(Array, Array, i32)> {
-    if let Some((at, id)) = tokens
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= vocab)
-    {
-        return Err(Error::Shape(format!(
-            "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
-        )));
+impl crate::grad::Parameters for Embedding {
+    /// The float table (this rank's rows); none for a quantized one, which
+    /// stays frozen.
+    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+        self.weight.parameters()
     }
-    let t = i32::try_from(tokens.len()).map_err(|_| Error::ShapeOverflow {
-        value: tokens.len(),
-    })?;
-    let mine = |t: u32| (first..first + count).contains(&(t as usize));
-    let rows: Vec<i32> = tokens
-        .iter()
-        .map(|&t| {
-            if mine(t) {
-                (t as usize - first) as i32
-            } else {
-                0
-            }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        Ok(Self {
+            weight: self.weight.with_parameters(locals)?,
         })
-        .collect();
-    let keep: Vec<f32> = tokens
-        .iter()
-        .map(|&t| f32::from(u8::from(mine(t))))
-        .collect();
-    Ok((
-        Array::from_slice(&rows, &[t]),
-        Array::from_slice(&keep, &[t, 1]),
-        t,
-    ))
+    }
 }
 
 /// The full logits of rows `rows` of vocabulary-split logits `[T, V]`, on

@@ -19,7 +19,7 @@ mod quantized;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
-pub use embedding::{gather_logits, VocabParallelEmbedding};
+pub use embedding::{gather_logits, Embedding};
 pub use gqa::{GqaAttention, GqaConfig, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache};
@@ -33,5 +33,4 @@ pub use norm::RmsNorm;
 pub use projection::Projection;
 pub use quantized::{
     QuantizedColumnParallelLinear, QuantizedRowParallelLinear, QuantizedSwiGluMlp,
-    QuantizedVocabParallelEmbedding,
 };

@@ -13,12 +13,13 @@
 //!   layer is an error naming the shapes and the group size;
 //! - [`QuantizedSwiGluMlp`] splits its hidden dimension by the chunk rule
 //!   applied to groups (3 groups over 2 ranks are 2 + 1), which always
-//!   gives whole groups;
-//! - [`QuantizedVocabParallelEmbedding`] splits vocabulary rows.
+//!   gives whole groups.
+//!
+//! A quantized vocabulary table is an [`Embedding`](super::Embedding)
+//! like a float one.
 
-use safemlx::{Array, Dtype, Stream};
+use safemlx::Stream;
 
-use super::embedding::local_lookup;
 use super::Projection;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
@@ -239,93 +240,5 @@ impl QuantizedSwiGluMlp {
             .iter()
             .map(|p| p.nbytes())
             .sum()
-    }
-}
-
-/// A quantized `[V, D]` table split by vocabulary rows, as
-/// [`VocabParallelEmbedding`](super::VocabParallelEmbedding): as an
-/// embedding each rank dequantizes the rows of its tokens and one `all_sum`
-/// completes the lookup; as an LM head `h Eᵀ` (`quantized_matmul`) gives
-/// each rank its vocabulary columns of the logits.
-#[derive(Debug)]
-pub struct QuantizedVocabParallelEmbedding {
-    /// This rank's rows.
-    pub weight: AffineWeight,
-    comm: Group,
-    vocab: usize,
-    first: usize,
-}
-
-impl QuantizedVocabParallelEmbedding {
-    /// Reads this rank's rows of the quantized `[vocab, dim]` tensor
-    /// `weight`.
-    ///
-    /// # Errors
-    /// A missing tensor, one of another shape or not stored quantized, or
-    /// a failed read.
-    pub fn load(w: &Weights, (vocab, dim): (usize, usize), s: &Stream) -> Result<Self> {
-        let (first, count) = w.chunk(vocab);
-        Ok(Self {
-            weight: w.quantized_rows("weight", [vocab, dim], &[(first, count)], s)?,
-            comm: w.comm().clone(),
-            vocab,
-            first,
-        })
-    }
-
-    /// The vocabulary size `V`.
-    pub fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    /// The (dequantized) rows of `tokens` on every rank, `[T, D]`. Cost:
-    /// one `all_sum` of `[T, D]`.
-    ///
-    /// # Errors
-    /// A token id outside the vocabulary (named with its position).
-    pub fn forward(&self, tokens: &[u32], s: &Stream) -> Result<ShardedArray<Replicated>> {
-        let [count, d] = self.weight.shape();
-        let (rows, keep, t) = local_lookup(tokens, self.vocab, (self.first, count))?;
-        let d = d as i32;
-        let local = if count == 0 {
-            safemlx::ops::zeros_dtype(&[t, d], self.weight.scales.dtype(), s)?
-        } else {
-            let take = |a: &Array| a.take_axis(&rows, 0, s);
-            let picked = AffineWeight {
-                weight: take(&self.weight.weight)?,
-                scales: take(&self.weight.scales)?,
-                biases: take(&self.weight.biases)?,
-                ..self.weight
-            };
-            let values = picked.dequantize(s)?;
-            let keep = keep.as_dtype(values.dtype(), s)?;
-            values.multiply(&keep, s)?
-        };
-        ShardedArray::<Partial>::from_local(local, &self.comm, &[t, d])?.all_sum(s)
-    }
-
-    /// The logits `h Eᵀ` of the replicated hidden states `h` `[T, D]`:
-    /// this rank's vocabulary columns, `[T, V]` split by columns. No
-    /// communication.
-    ///
-    /// # Errors
-    /// `h` is not `[T, D]`, or an MLX error.
-    pub fn logits(
-        &self,
-        h: &ShardedArray<Replicated>,
-        s: &Stream,
-    ) -> Result<ShardedArray<Sharded<1>>> {
-        let &[t, _] = h.global_shape() else {
-            return Err(Error::Shape(format!(
-                "logits take hidden states [T, D], got {:?}",
-                h.global_shape()
-            )));
-        };
-        let local = if self.weight.shape()[0] == 0 {
-            safemlx::ops::zeros_dtype(&[t, 0], Dtype::Float32, s)?
-        } else {
-            self.weight.matmul_t(h.local(), s)?
-        };
-        ShardedArray::from_local(local, h.comm(), &[t, self.vocab as i32])
     }
 }

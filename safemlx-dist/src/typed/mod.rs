@@ -7,6 +7,7 @@
 //! in `ops.rs`, and what has no rule does not compile.
 
 pub(crate) mod collective;
+mod linear;
 mod mesh;
 mod ops;
 mod placement;
@@ -17,6 +18,7 @@ mod sharded;
 pub(crate) mod weights;
 
 pub use collective::Collective;
+pub use linear::{LinearRule, LinearWeight};
 pub use mesh::Mesh;
 pub use ops::{
     MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,

@@ -1,0 +1,221 @@
+//! A linear layer's weight as one typed value, float or quantized.
+//!
+//! [`LinearWeight<P>`] holds a weight `W` `[out, in]` as checkpoints store
+//! it, placed as `P` whatever its storage: `Sharded<0>` splits the outputs
+//! (column parallel), `Sharded<1>` the inputs (row parallel), `Replicated`
+//! nothing. [`ShardedArray::linear`] is `x Wᵀ` with one table of rules for
+//! both storages (those of `quantized_matmul`):
+//!
+//! | `x` | `W` | `x Wᵀ` |
+//! |---|---|---|
+//! | `Replicated` | `Sharded<0>` | `Sharded<1>` |
+//! | `Sharded<1>` | `Sharded<1>` | `Partial` |
+//! | `Replicated` | `Replicated` | `Replicated` |
+//!
+//! A float weight multiplies through its transposed view (no copy), a
+//! quantized one through `quantized_matmul`; splits (by heads, by groups)
+//! carry over as in the rest of the typed layer. A `Sharded<0>` weight
+//! also looks rows up ([`LinearWeight::lookup`]): the vocabulary table of
+//! an embedding, whose lookup is each rank's share, `Partial`.
+
+use safemlx::{Array, Stream};
+
+use super::collective::Collective;
+use super::placement::{Partial, Placement, Replicated, Sharded};
+use super::quantized::{QuantizedArray, QuantizedPlacement};
+use super::sharded::ShardedArray;
+use crate::error::{Error, Result};
+use crate::runtime::Group;
+
+/// A weight `[out, in]`, float or quantized, placed as `P`.
+#[derive(Debug, Clone)]
+pub enum LinearWeight<P: QuantizedPlacement, C: Collective = Group> {
+    /// Float values.
+    Float(ShardedArray<P, C>),
+    /// Quantized values (MLX's affine layout), never dequantized whole.
+    Quantized(QuantizedArray<P, C>),
+}
+
+/// The placement of `x Wᵀ` for an `x` of placement `Self` and a weight of
+/// placement `W` (see the module's table).
+#[diagnostic::on_unimplemented(
+    message = "no linear rule for `{Self}` x `{W}`ᵀ",
+    label = "`{Self}` times a `{W}` weight has no placement",
+    note = "the rules: Replicated x Sharded<0> (column parallel) -> Sharded<1>; Sharded<1> x Sharded<1> (row parallel) -> Partial; Replicated x Replicated -> Replicated"
+)]
+pub trait LinearRule<W: QuantizedPlacement>: Placement {
+    /// The product's placement.
+    type Output: Placement;
+
+    /// `x Wᵀ` for a float `W`.
+    ///
+    /// # Errors
+    /// Shapes or splits that do not meet, or an MLX error.
+    fn float<C: Collective>(
+        x: &ShardedArray<Self, C>,
+        w: &ShardedArray<W, C>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Self::Output, C>>;
+
+    /// `x Wᵀ` for a quantized `W`.
+    ///
+    /// # Errors
+    /// Shapes or splits that do not meet, or an MLX error.
+    fn quantized<C: Collective>(
+        x: &ShardedArray<Self, C>,
+        w: &QuantizedArray<W, C>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Self::Output, C>>;
+}
+
+macro_rules! linear_rules {
+    ($($x:ty, $w:ty => $out:ty;)*) => {$(
+        impl LinearRule<$w> for $x {
+            type Output = $out;
+            fn float<C: Collective>(
+                x: &ShardedArray<Self, C>,
+                w: &ShardedArray<$w, C>,
+                s: &Stream,
+            ) -> Result<ShardedArray<$out, C>> {
+                x.matmul(&w.transpose(s)?, s)
+            }
+            fn quantized<C: Collective>(
+                x: &ShardedArray<Self, C>,
+                w: &QuantizedArray<$w, C>,
+                s: &Stream,
+            ) -> Result<ShardedArray<$out, C>> {
+                x.quantized_matmul(w, s)
+            }
+        }
+    )*};
+}
+
+linear_rules! {
+    Replicated, Sharded<0> => Sharded<1>;
+    Sharded<1>, Sharded<1> => Partial;
+    Replicated, Replicated => Replicated;
+}
+
+impl<P: QuantizedPlacement, C: Collective> LinearWeight<P, C> {
+    /// The logical `[out, in]`.
+    pub fn global_shape(&self) -> [usize; 2] {
+        match self {
+            Self::Float(w) => {
+                let g = w.global_shape();
+                [g[0] as usize, g.get(1).copied().unwrap_or(0) as usize]
+            }
+            Self::Quantized(w) => w.global_shape(),
+        }
+    }
+
+    /// Every rank's length along the sharded axis (`None`: replicated).
+    pub fn axis_split(&self) -> Option<Vec<usize>> {
+        match self {
+            Self::Float(w) => w.axis_split(),
+            Self::Quantized(w) => w.axis_split(),
+        }
+    }
+
+    /// Whether the values stay quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Self::Quantized(_))
+    }
+
+    /// Bytes of this rank's part.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Self::Float(w) => w.local().nbytes(),
+            Self::Quantized(w) => w.local().nbytes(),
+        }
+    }
+}
+
+impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    /// `x Wᵀ` for a float or quantized `W` `[out, in]`, by the rules of
+    /// [`LinearRule`].
+    ///
+    /// # Errors
+    /// Shapes or splits that do not meet (named), or an MLX error.
+    pub fn linear<W: QuantizedPlacement>(
+        &self,
+        w: &LinearWeight<W, C>,
+        s: &Stream,
+    ) -> Result<ShardedArray<<P as LinearRule<W>>::Output, C>>
+    where
+        P: LinearRule<W>,
+    {
+        match w {
+            LinearWeight::Float(w) => P::float(self, w, s),
+            LinearWeight::Quantized(w) => P::quantized(self, w, s),
+        }
+    }
+}
+
+impl<C: Collective> LinearWeight<Sharded<0>, C> {
+    /// The rows `ids` of the table `[V, D]` split by rows: on each rank its
+    /// own rows of those ids and zeros for the others' (a quantized table
+    /// dequantizes only those rows), so the lookup is `Partial`, `[T, D]`,
+    /// and `.all_sum()` completes it. An id outside the table is an error
+    /// naming it and its position.
+    ///
+    /// # Errors
+    /// An id of `V` or more, more ids than MLX's shapes hold, or an MLX
+    /// error.
+    pub fn lookup(&self, ids: &[u32], s: &Stream) -> Result<ShardedArray<Partial, C>> {
+        let [vocab, dim] = self.global_shape();
+        let lengths = self.axis_split().unwrap_or_default();
+        let (rank, comm) = match self {
+            Self::Float(w) => (w.comm().rank(), w.comm().clone()),
+            Self::Quantized(w) => (w.comm().rank(), w.comm().clone()),
+        };
+        let first: usize = lengths[..rank].iter().sum();
+        let count = lengths.get(rank).copied().unwrap_or(0);
+        let (rows, keep, t) = local_rows(ids, vocab, (first, count))?;
+        let d = i32::try_from(dim).map_err(|_| Error::ShapeOverflow { value: dim })?;
+        let local = match self {
+            Self::Float(w) if count > 0 => w.local().take_axis(&rows, 0, s)?,
+            Self::Quantized(w) if count > 0 => w.local().take_rows(&rows, s)?.dequantize(s)?,
+            Self::Float(w) => safemlx::ops::zeros_dtype(&[t, d], w.local().dtype(), s)?,
+            Self::Quantized(w) => safemlx::ops::zeros_dtype(&[t, d], w.local().scales.dtype(), s)?,
+        };
+        let local = if count > 0 {
+            local.multiply(&keep.as_dtype(local.dtype(), s)?, s)?
+        } else {
+            local
+        };
+        ShardedArray::from_local(local, &comm, &[t, d])
+    }
+}
+
+/// A lookup of `ids` on the rank holding rows `(first, count)` of a table
+/// of `vocab` rows: each id's local row (0 for another rank's), `[T]`; a
+/// `float32` `[T, 1]` mask, 1 where the row is this rank's; and `T`.
+fn local_rows(
+    ids: &[u32],
+    vocab: usize,
+    (first, count): (usize, usize),
+) -> Result<(Array, Array, i32)> {
+    if let Some((at, id)) = ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        return Err(Error::Shape(format!(
+            "token {id} at position {at} is outside the vocabulary of {vocab} tokens"
+        )));
+    }
+    let t = i32::try_from(ids.len()).map_err(|_| Error::ShapeOverflow { value: ids.len() })?;
+    let mine = |t: u32| (first..first + count).contains(&(t as usize));
+    let rows: Vec<i32> = ids
+        .iter()
+        .map(|&t| {
+            if mine(t) {
+                (t as usize - first) as i32
+            } else {
+                0
+            }
+        })
+        .collect();
+    let keep: Vec<f32> = ids.iter().map(|&t| f32::from(u8::from(mine(t)))).collect();
+    Ok((
+        Array::from_slice(&rows, &[t]),
+        Array::from_slice(&keep, &[t, 1]),
+        t,
+    ))
+}
