@@ -151,6 +151,8 @@ fn supervise_rank(
             let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
             let mut line = Vec::new();
             if matches!(stdin.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                // The preamble counts as the launcher's first sign of life.
+                last.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 let _ = first.send(line);
                 let mut byte = [0u8; 64];
                 loop {

@@ -133,13 +133,22 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
                 local.shape()
             )));
         }
-        Ok(Self {
+        Ok(Self::wrap(local, comm, global, None))
+    }
+
+    fn wrap(
+        local: AffineWeight,
+        comm: &C,
+        global: [usize; 2],
+        split: Option<std::sync::Arc<[usize]>>,
+    ) -> Self {
+        Self {
             local,
             comm: comm.clone(),
             global,
-            split: None,
+            split,
             _placement: std::marker::PhantomData,
-        })
+        }
     }
 
     /// Wraps this rank's part `local` of a quantized weight of logical
@@ -184,13 +193,7 @@ impl<P: QuantizedPlacement, C: Collective> QuantizedArray<P, C> {
                 local.shape()
             )));
         }
-        Ok(Self {
-            local,
-            comm: comm.clone(),
-            global,
-            split: Some(split.into()),
-            _placement: std::marker::PhantomData,
-        })
+        Ok(Self::wrap(local, comm, global, Some(split.into())))
     }
 
     /// Every rank's length (elements) along the sharded axis: rows for
