@@ -4,8 +4,9 @@
 use safemlx::{Array, Stream};
 
 use crate::checkpoint::{whole_groups, Weights};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
+use crate::typed::{LinearWeight, QuantizedArray, Sharded, ShardedArray};
 
 /// This rank's part of `y = x Wᵀ` for a checkpoint tensor `W` `[out, in]`.
 #[derive(Debug)]
@@ -115,4 +116,93 @@ impl Projection {
     pub fn is_quantized(&self) -> bool {
         matches!(self, Self::Quantized(_))
     }
+}
+
+/// This rank's `(first, count)` of a dimension divided as `split`.
+fn part_of(split: &[usize], rank: usize) -> (usize, usize) {
+    let first = split.iter().take(rank).sum();
+    (first, split.get(rank).copied().unwrap_or(0))
+}
+
+fn dims(shape: [usize; 2]) -> Result<[i32; 2]> {
+    let dim = |d: usize| i32::try_from(d).map_err(|_| Error::ShapeOverflow { value: d });
+    Ok([dim(shape[0])?, dim(shape[1])?])
+}
+
+/// The outputs (rows) of the `[out, in]` tensor `name` of shape `shape`
+/// divided over the ranks as `split` says, as the checkpoint stores it
+/// (quantized ones stay quantized): this rank reads only its rows.
+///
+/// # Errors
+/// Another shape, a split that does not add up to the rows, or a failed
+/// read.
+pub fn load_rows(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    split: &[usize],
+    s: &Stream,
+) -> Result<LinearWeight<Sharded<0>>> {
+    let part = [part_of(split, w.comm().rank())];
+    Ok(match w.quantization(name) {
+        Some(_) => {
+            let local = w.quantized_rows(name, shape, &part, s)?;
+            LinearWeight::Quantized(QuantizedArray::from_local_split(
+                local,
+                w.comm(),
+                shape,
+                split,
+            )?)
+        }
+        None => {
+            let local = w.rows(name, &shape, &part, s)?;
+            let global = dims(shape)?;
+            LinearWeight::Float(ShardedArray::from_local_split(
+                local,
+                w.comm(),
+                &global,
+                split,
+            )?)
+        }
+    })
+}
+
+/// The inputs (columns) of the `[out, in]` tensor `name` of shape `shape`
+/// divided over the ranks as `split` says; quantized ones stay quantized,
+/// read in whole groups.
+///
+/// # Errors
+/// Another shape, a split that does not add up to the columns or cuts a
+/// quantization group (named with the tensor and the group size), or a
+/// failed read.
+pub fn load_columns(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    split: &[usize],
+    s: &Stream,
+) -> Result<LinearWeight<Sharded<1>>> {
+    let part = [part_of(split, w.comm().rank())];
+    Ok(match w.quantization(name) {
+        Some((group_size, _)) => {
+            let groups = whole_groups(w.source().path(), &w.name(name), &part, group_size)?;
+            let local = w.quantized_groups(name, shape, &groups, s)?;
+            LinearWeight::Quantized(QuantizedArray::from_local_split(
+                local,
+                w.comm(),
+                shape,
+                split,
+            )?)
+        }
+        None => {
+            let local = w.columns(name, &shape, &part, s)?;
+            let global = dims(shape)?;
+            LinearWeight::Float(ShardedArray::from_local_split(
+                local,
+                w.comm(),
+                &global,
+                split,
+            )?)
+        }
+    })
 }

@@ -20,12 +20,14 @@
 
 use safemlx::Stream;
 
-use super::Projection;
+use super::projection::{load_columns, load_rows};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 use crate::runtime::Group;
-use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
+use crate::typed::{
+    chunk, chunk_lengths, LinearWeight, Partial, QuantizedArray, Replicated, Sharded, ShardedArray,
+};
 use safemlx_dist_macros::sharded;
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
@@ -159,17 +161,18 @@ impl QuantizedRowParallelLinear {
 /// them is allowed). The hidden dimension `H` is split by the chunk rule
 /// applied to `down`'s quantization groups (elements when `down` is
 /// float), so each rank's columns of `down` are whole groups and uneven
-/// splits are allowed; `gate` and `up` take the same rows. A rank with no
-/// hidden columns (more ranks than groups) adds zeros. Cost: one `all_sum`
-/// of `[T, D]`, as [`SwiGluMlp`](super::SwiGluMlp).
+/// splits are allowed; `gate` and `up` take the same rows, an explicit
+/// split the typed products check. A rank with no hidden columns (more
+/// ranks than groups) contributes zeros. Cost: one `all_sum` of `[T, D]`,
+/// as [`SwiGluMlp`](super::SwiGluMlp).
 #[derive(Debug)]
 pub struct QuantizedSwiGluMlp {
     /// This rank's rows of `gate` and `up` `[H, D]`.
-    pub gate: Projection,
+    pub gate: LinearWeight<Sharded<0>>,
     /// See `gate`.
-    pub up: Projection,
+    pub up: LinearWeight<Sharded<0>>,
     /// This rank's columns of `down` `[D, H]`.
-    pub down: Projection,
+    pub down: LinearWeight<Sharded<1>>,
     /// This rank's hidden columns `(first, count)`.
     pub hidden: (usize, usize),
     dim: usize,
@@ -187,14 +190,18 @@ impl QuantizedSwiGluMlp {
         let unit = w
             .quantization("down_proj.weight")
             .map_or(1, |(group_size, _)| group_size);
-        let (first, count) = w.chunk(hidden / unit);
-        let part = [(first * unit, count * unit)];
-        let rows = |name: &str| Projection::rows(w, name, [hidden, dim], &part, s);
+        let n = w.comm().size();
+        let split: Vec<usize> = chunk_lengths(hidden / unit, n)
+            .iter()
+            .map(|c| c * unit)
+            .collect();
+        let rows = |name: &str| load_rows(w, name, [hidden, dim], &split, s);
+        let first = split[..w.comm().rank()].iter().sum();
         Ok(Self {
             gate: rows("gate_proj.weight")?,
             up: rows("up_proj.weight")?,
-            down: Projection::columns(w, "down_proj.weight", [dim, hidden], &part, s)?,
-            hidden: part[0],
+            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
+            hidden: (first, split[w.comm().rank()]),
             dim,
         })
     }
@@ -222,23 +229,19 @@ impl QuantizedSwiGluMlp {
             )));
         }
         let partial = if self.hidden.1 == 0 {
-            safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
+            ShardedArray::<Partial>::zeros(x.comm(), &[t, d], x.local().dtype(), s)?
         } else {
-            let x = x.local();
-            let gate = self.gate.apply(x, s)?;
-            let hidden = gate
-                .multiply(safemlx::ops::sigmoid(&gate, s)?, s)?
-                .multiply(self.up.apply(x, s)?, s)?;
-            self.down.apply(&hidden, s)?
+            let hidden = x
+                .linear(&self.gate, s)?
+                .silu(s)?
+                .mul(&x.linear(&self.up, s)?, s)?;
+            hidden.linear(&self.down, s)?
         };
-        ShardedArray::<Partial>::from_local(partial, x.comm(), &[t, d])?.all_sum(s)
+        partial.all_sum(s)
     }
 
     /// Bytes of this rank's weights.
     pub fn nbytes(&self) -> usize {
-        [&self.gate, &self.up, &self.down]
-            .iter()
-            .map(|p| p.nbytes())
-            .sum()
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
     }
 }

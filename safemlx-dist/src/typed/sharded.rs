@@ -86,6 +86,24 @@ pub(crate) fn local_shape<P: Placement>(
     Ok(shape)
 }
 
+impl<C: Collective> ShardedArray<super::Partial, C> {
+    /// A share of nothing: zeros of the logical shape `global`, what a
+    /// rank that holds no part of a layer (no hidden column, no head)
+    /// adds to the sum.
+    ///
+    /// # Errors
+    /// A shape MLX cannot make.
+    pub fn zeros(
+        comm: &C,
+        global: &[i32],
+        dtype: safemlx::Dtype,
+        s: &safemlx::Stream,
+    ) -> Result<Self> {
+        let local = safemlx::ops::zeros_dtype(global, dtype, s)?;
+        Ok(Self::new_unchecked(local, comm.clone(), global.to_vec()))
+    }
+}
+
 impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// Wraps this rank's `local` array as placement `P` of a logical array
     /// of shape `global`.
