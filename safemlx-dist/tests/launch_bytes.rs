@@ -151,27 +151,18 @@ fn output_that_is_not_utf8_comes_through_byte_for_byte() {
             .output()
             .expect("safemlx-launch runs");
         assert!(out.status.success(), "{backend}: {out:?}");
+        // Rank `rank`'s line, prefixed, byte for byte in `stream`.
+        let has = |stream: &[u8], rank: usize, text: &str, raw: &[u8]| {
+            let line = [format!("[rank {rank}] {text}").into_bytes(), raw.to_vec()].concat();
+            assert!(
+                stream.windows(line.len()).any(|w| w == line),
+                "{backend}: {:?}",
+                String::from_utf8_lossy(stream)
+            );
+        };
         for rank in 0..2 {
-            let line = [
-                format!("[rank {rank}] caf").into_bytes(),
-                b"\xff\xfe \xf4\x8f\xbd\x81\n".to_vec(),
-            ]
-            .concat();
-            assert!(
-                out.stdout.windows(line.len()).any(|w| w == line),
-                "{backend}: {:?}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-            let err = [
-                format!("[rank {rank}] err").into_bytes(),
-                b"\xff\n".to_vec(),
-            ]
-            .concat();
-            assert!(
-                out.stderr.windows(err.len()).any(|w| w == err),
-                "{backend}: {:?}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            has(&out.stdout, rank, "caf", b"\xff\xfe \xf4\x8f\xbd\x81\n");
+            has(&out.stderr, rank, "err", b"\xff\n");
         }
     }
 }

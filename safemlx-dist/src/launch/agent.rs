@@ -51,9 +51,7 @@ pub(crate) fn preamble(secret: Option<&std::ffi::OsStr>) -> Vec<u8> {
     let mut line = Vec::new();
     if let Some(secret) = secret {
         line.extend_from_slice(b"token ");
-        for byte in secret.as_encoded_bytes() {
-            line.extend_from_slice(format!("{byte:02x}").as_bytes());
-        }
+        line.extend_from_slice(crate::runtime::hex(secret.as_encoded_bytes()).as_bytes());
     }
     line.push(b'\n');
     line

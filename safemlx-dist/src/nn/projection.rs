@@ -6,7 +6,7 @@ use safemlx::{Array, Stream};
 use crate::checkpoint::{whole_groups, Weights};
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
-use crate::typed::{LinearWeight, QuantizedArray, Sharded, ShardedArray};
+use crate::typed::{LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray};
 
 /// This rank's part of `y = x Wᵀ` for a checkpoint tensor `W` `[out, in]`.
 #[derive(Debug)]
@@ -30,10 +30,7 @@ impl Projection {
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Self> {
-        Ok(match w.quantization(name) {
-            Some(_) => Self::Quantized(w.quantized_rows(name, shape, ranges, s)?),
-            None => Self::Float(w.rows(name, &shape, ranges, s)?.transpose(s)?),
-        })
+        read_rows(w, name, shape, ranges, s)?.projection(s)
     }
 
     /// Columns `ranges` (inputs) of the `[out, in]` tensor `name` of shape
@@ -49,14 +46,7 @@ impl Projection {
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Self> {
-        Ok(match w.quantization(name) {
-            Some((group_size, _)) => {
-                let path = w.source().path();
-                let groups = whole_groups(path, &w.name(name), ranges, group_size)?;
-                Self::Quantized(w.quantized_groups(name, shape, &groups, s)?)
-            }
-            None => Self::Float(w.columns(name, &shape, ranges, s)?.transpose(s)?),
-        })
+        read_columns(w, name, shape, ranges, s)?.projection(s)
     }
 
     /// `x Wᵀ` for `x` `[..., in]`.
@@ -118,15 +108,84 @@ impl Projection {
     }
 }
 
+/// Ranges of a checkpoint tensor `[out, in]` as stored: float, not
+/// transposed, or quantized.
+enum Stored {
+    Float(Array),
+    Quantized(AffineWeight),
+}
+
+/// Rows `ranges` (outputs) of the `[out, in]` tensor `name` of shape
+/// `shape`, quantized when the source stores it quantized.
+fn read_rows(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    ranges: &[(usize, usize)],
+    s: &Stream,
+) -> Result<Stored> {
+    Ok(match w.quantization(name) {
+        Some(_) => Stored::Quantized(w.quantized_rows(name, shape, ranges, s)?),
+        None => Stored::Float(w.rows(name, &shape, ranges, s)?),
+    })
+}
+
+/// Columns `ranges` (inputs) of the `[out, in]` tensor `name` of shape
+/// `shape`; quantized ones in whole groups.
+fn read_columns(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    ranges: &[(usize, usize)],
+    s: &Stream,
+) -> Result<Stored> {
+    Ok(match w.quantization(name) {
+        Some((group_size, _)) => {
+            let path = w.source().path();
+            let groups = whole_groups(path, &w.name(name), ranges, group_size)?;
+            Stored::Quantized(w.quantized_groups(name, shape, &groups, s)?)
+        }
+        None => Stored::Float(w.columns(name, &shape, ranges, s)?),
+    })
+}
+
+impl Stored {
+    fn projection(self, s: &Stream) -> Result<Projection> {
+        Ok(match self {
+            Self::Float(a) => Projection::Float(a.transpose(s)?),
+            Self::Quantized(q) => Projection::Quantized(q),
+        })
+    }
+
+    /// This rank's part of a weight of logical `shape` whose sharded axis
+    /// is divided as `split` says.
+    fn split<P: QuantizedPlacement>(
+        self,
+        w: &Weights,
+        shape: [usize; 2],
+        split: &[usize],
+    ) -> Result<LinearWeight<P>> {
+        Ok(match self {
+            Self::Quantized(q) => LinearWeight::Quantized(QuantizedArray::from_local_split(
+                q,
+                w.comm(),
+                shape,
+                split,
+            )?),
+            Self::Float(a) => {
+                let dim =
+                    |d: usize| i32::try_from(d).map_err(|_| Error::ShapeOverflow { value: d });
+                let global = [dim(shape[0])?, dim(shape[1])?];
+                LinearWeight::Float(ShardedArray::from_local_split(a, w.comm(), &global, split)?)
+            }
+        })
+    }
+}
+
 /// This rank's `(first, count)` of a dimension divided as `split`.
 fn part_of(split: &[usize], rank: usize) -> (usize, usize) {
     let first = split.iter().take(rank).sum();
     (first, split.get(rank).copied().unwrap_or(0))
-}
-
-fn dims(shape: [usize; 2]) -> Result<[i32; 2]> {
-    let dim = |d: usize| i32::try_from(d).map_err(|_| Error::ShapeOverflow { value: d });
-    Ok([dim(shape[0])?, dim(shape[1])?])
 }
 
 /// The outputs (rows) of the `[out, in]` tensor `name` of shape `shape`
@@ -144,27 +203,7 @@ pub fn load_rows(
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<0>>> {
     let part = [part_of(split, w.comm().rank())];
-    Ok(match w.quantization(name) {
-        Some(_) => {
-            let local = w.quantized_rows(name, shape, &part, s)?;
-            LinearWeight::Quantized(QuantizedArray::from_local_split(
-                local,
-                w.comm(),
-                shape,
-                split,
-            )?)
-        }
-        None => {
-            let local = w.rows(name, &shape, &part, s)?;
-            let global = dims(shape)?;
-            LinearWeight::Float(ShardedArray::from_local_split(
-                local,
-                w.comm(),
-                &global,
-                split,
-            )?)
-        }
-    })
+    read_rows(w, name, shape, &part, s)?.split(w, shape, split)
 }
 
 /// The inputs (columns) of the `[out, in]` tensor `name` of shape `shape`
@@ -183,26 +222,5 @@ pub fn load_columns(
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<1>>> {
     let part = [part_of(split, w.comm().rank())];
-    Ok(match w.quantization(name) {
-        Some((group_size, _)) => {
-            let groups = whole_groups(w.source().path(), &w.name(name), &part, group_size)?;
-            let local = w.quantized_groups(name, shape, &groups, s)?;
-            LinearWeight::Quantized(QuantizedArray::from_local_split(
-                local,
-                w.comm(),
-                shape,
-                split,
-            )?)
-        }
-        None => {
-            let local = w.columns(name, &shape, &part, s)?;
-            let global = dims(shape)?;
-            LinearWeight::Float(ShardedArray::from_local_split(
-                local,
-                w.comm(),
-                &global,
-                split,
-            )?)
-        }
-    })
+    read_columns(w, name, shape, &part, s)?.split(w, shape, split)
 }

@@ -51,7 +51,12 @@ const NONCE: usize = 32;
 pub fn new_token() -> std::io::Result<String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(std::io::Error::other)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&bytes))
+}
+
+/// `bytes` as lowercase hexadecimal digits, two per byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The secret from the environment, checked; `None` when unset.
@@ -143,12 +148,7 @@ fn gather(bytes: &[u8], group: &NativeGroup, size: usize, s: &Stream) -> Result<
     let len = i32::try_from(bytes.len()).unwrap_or(i32::MAX);
     let mine = Array::from_slice(bytes, &[len]);
     let all = native::unary(Unary::AllGather, &mine, group, s)?;
-    super::eval(&[&all])?;
-    let all = all.into_evaluated()?;
-    let all = all.try_to_vec::<u8>().map_err(|e| Error::Native {
-        operation: "admission",
-        message: e.to_string(),
-    })?;
+    let all = super::read_back::<u8>(&all, "admission")?;
     if all.len() != bytes.len() * size {
         return Err(Error::Native {
             operation: "admission",
@@ -194,7 +194,6 @@ mod tests {
         assert_ne!(p, proof(a.as_bytes(), 2, 1, &[8u8; 64]));
         // The wire format, as the book's Python ranks compute it:
         // hmac.new(secret, CONTEXT + struct.pack("<II", 2, 1) + bytes(range(64)), sha256).
-        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let nonces: Vec<u8> = (0..64).collect();
         assert_eq!(
             hex(&proof(b"a secret of this run", 2, 1, &nonces)),
@@ -203,14 +202,8 @@ mod tests {
         // RFC 4231, test case 2: HMAC-SHA256 itself, as Python's hmac computes it.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"Jefe").unwrap();
         mac.update(b"what do ya want for nothing?");
-        let hex: String = mac
-            .finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
         assert_eq!(
-            hex,
+            hex(&mac.finalize().into_bytes()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

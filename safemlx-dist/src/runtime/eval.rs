@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use safemlx::Array;
+use safemlx::{Array, ArrayElement};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Evaluates `arrays`, sleeping (not spinning) while MLX's streams work.
 ///
@@ -71,4 +71,24 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
     // Surfaces an error the streams recorded, if any.
     event.synchronize()?;
     Ok(())
+}
+
+/// `a` evaluated (bounded, as [`eval`]) and read back to the host: the
+/// small results of an exchange (counts, proofs, an agreement), which
+/// `operation` names in an error.
+///
+/// # Errors
+/// What the evaluation raised, or values MLX cannot read as `T`.
+pub(crate) fn read_back<T: ArrayElement + Copy>(
+    a: &Array,
+    operation: &'static str,
+) -> Result<Vec<T>> {
+    eval(&[a])?;
+    a.clone()
+        .into_evaluated()?
+        .try_to_vec::<T>()
+        .map_err(|e| Error::Native {
+            operation,
+            message: e.to_string(),
+        })
 }

@@ -79,12 +79,7 @@ impl Group {
         // then says to set SAFEMLX_DIST_LOWERING=native.
         self.enter(super::progress::AGREEMENT, &mine);
         let both = native::unary(Unary::AllMax, &mine, self.native(), &stream)?;
-        super::eval(&[&both])?;
-        let both = both.into_evaluated()?;
-        let values = both.try_to_vec::<f32>().map_err(|e| Error::Native {
-            operation: "lowering agreement",
-            message: e.to_string(),
-        })?;
+        let values = super::read_back::<f32>(&both, "lowering agreement")?;
         let (highest, lowest) = match values[..] {
             [highest, minus_lowest] => (highest as i32, -minus_lowest as i32),
             _ => (i32::MAX, i32::MIN),

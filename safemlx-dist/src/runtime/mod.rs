@@ -21,6 +21,7 @@ mod progress;
 mod slicing;
 mod validate;
 
+pub(crate) use admission::hex;
 pub use admission::{new_token, TOKEN_ENV};
 pub use backend::{is_available, Backend};
 pub(crate) use backend_env::restore_for_child;
@@ -28,6 +29,7 @@ pub use collectives::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
 };
 pub use eval::eval;
+pub(crate) use eval::read_back;
 pub use gradient_sum::{is_tracing, sum_gradients};
 pub(crate) use gradient_sum::{sum_gradients_together, Tracing};
 pub use group::Group;

@@ -40,12 +40,7 @@ impl RoutingPlan {
         let mine = Array::from_slice(&as_i32, &[n as i32]);
         let all = crate::runtime::all_gather(&mine, comm.group(), s)?;
         let all = all.as_dtype(Dtype::Int32, s)?;
-        crate::runtime::eval(&[&all])?;
-        let all = all.into_evaluated()?;
-        let matrix = all.try_to_vec::<i32>().map_err(|e| Error::Native {
-            operation: "routing plan exchange",
-            message: e.to_string(),
-        })?;
+        let matrix = crate::runtime::read_back::<i32>(&all, "routing plan exchange")?;
         // Row `src` of the matrix is rank `src`'s send counts.
         let rank = comm.rank();
         let recv = (0..n)
@@ -80,12 +75,7 @@ impl RoutingPlan {
         let mine = Array::from_slice(&as_i32, &[buckets as i32]);
         let all = crate::runtime::all_gather(&mine, comm.group(), s)?;
         let all = all.as_dtype(Dtype::Int32, s)?;
-        crate::runtime::eval(&[&all])?;
-        let all = all.into_evaluated()?;
-        let flat = all.try_to_vec::<i32>().map_err(|e| Error::Native {
-            operation: "routing plan exchange",
-            message: e.to_string(),
-        })?;
+        let flat = crate::runtime::read_back::<i32>(&all, "routing plan exchange")?;
         if flat.len() != n * buckets {
             return Err(Error::Native {
                 operation: "routing plan exchange",
@@ -241,14 +231,7 @@ impl<C: Collective> ShardedArray<Ragged, C> {
         let n = comm.size();
         let counts = Array::from_slice(&[rows as i32], &[1]);
         let all = crate::runtime::all_gather(&counts, comm.group(), s)?;
-        crate::runtime::eval(&[&all])?;
-        let all = all.into_evaluated()?;
-        let lengths: Vec<usize> = all
-            .try_to_vec::<i32>()
-            .map_err(|e| Error::Native {
-                operation: "row count exchange",
-                message: e.to_string(),
-            })?
+        let lengths: Vec<usize> = crate::runtime::read_back::<i32>(&all, "row count exchange")?
             .into_iter()
             .map(|c| usize::try_from(c).unwrap_or(0))
             .collect();
