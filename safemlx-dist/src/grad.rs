@@ -29,6 +29,9 @@ use crate::runtime;
 pub use crate::runtime::is_tracing;
 use crate::runtime::Tracing;
 use crate::typed::{Collective, Placement, Replicated, ShardedArray};
+/// Derives [`Parameters`](trait@Parameters) for a struct of parts or an
+/// enum of them (see the trait).
+pub use safemlx_dist_macros::Parameters;
 
 /// `x` unchanged; while tracing a gradient on a group of several ranks, its
 /// gradient is summed over the ranks (one `all_sum` in the backward pass).
@@ -146,7 +149,13 @@ impl Parameter {
 /// A model whose trainable arrays can be listed and replaced: what
 /// [`value_and_grad_of`] differentiates and an optimizer updates.
 /// `#[sharded]` structs implement it (fields in declaration order); tuples
-/// of models do too.
+/// of models do too, and `#[derive(Parameters)]` writes it for a struct
+/// of such parts (or an enum of them).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a model part: it lists no parameters",
+    label = "not `Parameters`",
+    note = "a field that holds no trainable arrays (a configuration, a count, a name) is marked `#[parameters(skip)]` and cloned"
+)]
 pub trait Parameters: Sized {
     /// The trainable arrays, in a fixed order.
     fn parameters(&self) -> Vec<Parameter>;
@@ -192,31 +201,68 @@ pub fn split_locals<'a>(locals: &'a [Array], counts: &[usize]) -> Result<Vec<&'a
         .collect())
 }
 
+/// A typed array is one parameter: this rank's part (its split kept).
+impl<P: Placement, C: Collective> Parameters for ShardedArray<P, C> {
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![Parameter::of(self)]
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        check_count(1, locals.len())?;
+        let local = locals[0].clone();
+        match self.axis_split() {
+            Some(split) => {
+                ShardedArray::from_local_split(local, self.comm(), self.global_shape(), &split)
+            }
+            None => ShardedArray::from_local(local, self.comm(), self.global_shape()),
+        }
+    }
+}
+
 /// A float weight is one parameter (this rank's part); a quantized one
 /// none: it stays frozen.
 impl<P: crate::typed::QuantizedPlacement> Parameters for crate::typed::LinearWeight<P> {
     fn parameters(&self) -> Vec<Parameter> {
         match self {
-            Self::Float(w) => vec![Parameter::of(w)],
+            Self::Float(w) => w.parameters(),
             Self::Quantized(_) => Vec::new(),
         }
     }
 
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
         match self {
-            Self::Float(w) => {
-                check_count(1, locals.len())?;
-                let local = locals[0].clone();
-                Ok(Self::Float(match w.axis_split() {
-                    Some(split) => {
-                        ShardedArray::from_local_split(local, w.comm(), w.global_shape(), &split)?
-                    }
-                    None => ShardedArray::from_local(local, w.comm(), w.global_shape())?,
-                }))
-            }
+            Self::Float(w) => Ok(Self::Float(w.with_parameters(locals)?)),
             Self::Quantized(_) => {
                 check_count(0, locals.len())?;
                 Ok(self.clone())
+            }
+        }
+    }
+}
+
+/// A boxed part is the part.
+impl<T: Parameters> Parameters for Box<T> {
+    fn parameters(&self) -> Vec<Parameter> {
+        self.as_ref().parameters()
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        Ok(Box::new(self.as_ref().with_parameters(locals)?))
+    }
+}
+
+/// An absent part (an untied LM head) has none.
+impl<T: Parameters> Parameters for Option<T> {
+    fn parameters(&self) -> Vec<Parameter> {
+        self.as_ref().map_or_else(Vec::new, Parameters::parameters)
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        match self {
+            Some(m) => Ok(Some(m.with_parameters(locals)?)),
+            None => {
+                check_count(0, locals.len())?;
+                Ok(None)
             }
         }
     }

@@ -11,9 +11,7 @@
 
 use safemlx::Array;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{
-    ExpertMatmul, ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp,
-};
+use safemlx_dist::nn::{ExpertMatmul, ExpertPlacement, Gating, Mlp, Moe, MoeConfig, SharedExperts};
 use safemlx_dist::{Group, Ragged, ShardedArray};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error, DenseGating, DenseMoe, DenseShared};
@@ -133,11 +131,14 @@ fn layer(group: &Group, case: &Case, placement: ExpertPlacement, w: &DenseMoe) -
         None => moe,
         Some(sh) => {
             let hs = sh.hidden as i32;
-            let mlp = SwiGluMlp::from_full(
+            // Stored [in, out] for the dense reference; the layer takes
+            // [out, in].
+            let t = |a: &[f32], shape: &[i32]| Array::from_slice(a, shape).transpose(&s).unwrap();
+            let mlp = Mlp::from_full(
                 group,
-                Array::from_slice(&sh.gate, &[d, hs]),
-                Array::from_slice(&sh.up, &[d, hs]),
-                Array::from_slice(&sh.down, &[hs, d]),
+                t(&sh.gate, &[d, hs]),
+                t(&sh.up, &[d, hs]),
+                t(&sh.down, &[hs, d]),
                 &s,
             )
             .expect("shared experts");

@@ -12,9 +12,7 @@
 use safemlx::{ops, Array, Stream};
 use safemlx_dist::grad::{value_and_grad, Parameters};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{
-    ExpertMatmul, ExpertPlacement, Gating, Moe, MoeConfig, SharedExperts, SwiGluMlp,
-};
+use safemlx_dist::nn::{ExpertMatmul, ExpertPlacement, Gating, Mlp, Moe, MoeConfig, SharedExperts};
 use safemlx_dist::typed::{Ragged, Replicated};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_tests::cpu;
@@ -214,7 +212,9 @@ fn layer(group: &Group, case: &Case, placement: ExpertPlacement, w: &[Array]) ->
     if !case.shared {
         return moe;
     }
-    let mlp = SwiGluMlp::from_full(group, w[5].clone(), w[6].clone(), w[7].clone(), &s).unwrap();
+    // The dense loss holds them [in, out]; the layer [out, in].
+    let t = |a: &Array| a.transpose(&s).unwrap();
+    let mlp = Mlp::from_full(group, t(&w[5]), t(&w[6]), t(&w[7]), &s).unwrap();
     moe.with_shared(SharedExperts {
         mlp,
         gate: Some(ShardedArray::replicated(w[8].clone(), group)),
@@ -259,10 +259,11 @@ fn check_case(group: &Group, case: Case, placement: ExpertPlacement) {
         ("expert down", part(&want[4], expert_axes[2], group, &s)),
     ];
     if case.shared {
+        let t = |a: &Array| a.transpose(&s).unwrap();
         expected.extend([
-            ("shared gate", part(&want[5], 1, group, &s)),
-            ("shared up", part(&want[6], 1, group, &s)),
-            ("shared down", part(&want[7], 0, group, &s)),
+            ("shared gate", part(&t(&want[5]), 0, group, &s)),
+            ("shared up", part(&t(&want[6]), 0, group, &s)),
+            ("shared down", part(&t(&want[7]), 1, group, &s)),
             ("shared expert gate (replicated)", want[8].clone()),
         ]);
     }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safemlx_dist::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
-use safemlx_dist::nn::{Projection, QuantizedSwiGluMlp};
+use safemlx_dist::nn::{Mlp, Projection};
 use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::host;
@@ -54,7 +54,7 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
 
     // The MLP's hidden groups by the chunk rule: 3 groups over 2 ranks are
     // 2 + 1, over 4 ranks 1 + 1 + 1 + 0.
-    let mlp = QuantizedSwiGluMlp::load(
+    let mlp = Mlp::load(
         &Weights::new(&dir, group).pp("model.layers.1.mlp"),
         (128, 3 * group_size),
         &s,

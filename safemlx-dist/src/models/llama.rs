@@ -24,72 +24,58 @@ use safemlx::{Array, Stream};
 use super::config::LlamaConfig;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
-use crate::grad::{split_locals, Parameter, Parameters};
-use crate::nn::{
-    Embedding, GqaAttention, GqaConfig, KvCache, Moe, MoeConfig, QuantizedSwiGluMlp, RmsNorm, Rope,
-    SwiGluMlp,
-};
+use crate::grad::Parameters;
+use crate::nn::{Embedding, GqaAttention, GqaConfig, KvCache, Mlp, Moe, MoeConfig, RmsNorm, Rope};
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
 
 /// One decoder layer on this rank.
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
 struct DecoderLayer {
     input_norm: RmsNorm,
     attention: GqaAttention,
     post_attention_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
-/// The MLP: float weights through the typed layer, quantized ones, or a
-/// mixture of experts.
-#[derive(Debug)]
-enum Mlp {
-    Float(SwiGluMlp),
-    Quantized(QuantizedSwiGluMlp),
+/// The feed-forward half of a layer: the MLP (float or quantized
+/// weights), or a mixture of experts.
+#[derive(Debug, Parameters)]
+enum FeedForward {
+    Dense(Box<Mlp>),
     Moe(Moe),
 }
 
-impl Mlp {
-    fn load(w: &Weights, dims: (usize, usize), s: &Stream) -> Result<Self> {
-        let quantized = ["gate_proj", "up_proj", "down_proj"]
-            .iter()
-            .any(|p| w.quantization(&format!("{p}.weight")).is_some());
-        Ok(if quantized {
-            Self::Quantized(QuantizedSwiGluMlp::load(w, dims, s)?)
-        } else {
-            Self::Float(SwiGluMlp::load(w, dims, s)?)
-        })
-    }
-
+impl FeedForward {
     fn forward(
         &self,
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         match self {
-            Self::Float(m) => m.forward(x, s),
-            Self::Quantized(m) => m.forward(x, s),
+            Self::Dense(m) => m.forward(x, s),
             Self::Moe(m) => Ok(m.forward(x, s)?.tokens),
         }
     }
 
     fn nbytes(&self) -> usize {
         match self {
-            Self::Float(m) => [m.gate.local(), m.up.local(), m.down.local()]
-                .iter()
-                .map(|a| a.nbytes())
-                .sum(),
-            Self::Quantized(m) => m.nbytes(),
+            Self::Dense(m) => m.nbytes(),
             Self::Moe(m) => m.nbytes(),
         }
     }
 }
 
-/// A Llama-family model, this rank's part of it.
-#[derive(Debug)]
+/// A Llama-family model, this rank's part of it. Its parameters are the
+/// float weights in order (the embedding, each layer's norms, attention and
+/// MLP, the final norm, and the LM head when it is not tied: a tied head
+/// is the embedding, one parameter whose gradient sums both uses);
+/// quantized weights stay frozen.
+#[derive(Debug, Parameters)]
 pub struct Llama {
+    #[parameters(skip)]
     config: LlamaConfig,
+    #[parameters(skip)]
     path: String,
     embed: Embedding,
     layers: Vec<DecoderLayer>,
@@ -173,8 +159,12 @@ impl Llama {
             .map(|i| {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
-                    Some(m) if m.is_moe_layer(i) => Mlp::Moe(moe(&w, c, m, s)?),
-                    _ => Mlp::load(&w.pp("mlp"), (d, c.intermediate_size), s)?,
+                    Some(m) if m.is_moe_layer(i) => FeedForward::Moe(moe(&w, c, m, s)?),
+                    _ => FeedForward::Dense(Box::new(Mlp::load(
+                        &w.pp("mlp"),
+                        (d, c.intermediate_size),
+                        s,
+                    )?)),
                 };
                 Ok(DecoderLayer {
                     input_norm: norm(&w.pp("input_layernorm"))?,
@@ -261,10 +251,10 @@ impl Llama {
     pub fn is_quantized(&self) -> bool {
         self.embed.is_quantized()
             || self.lm_head.as_ref().is_some_and(Embedding::is_quantized)
-            || self
-                .layers
-                .iter()
-                .any(|l| matches!(l.mlp, Mlp::Quantized(_)) || l.attention.is_quantized())
+            || self.layers.iter().any(|l| {
+                matches!(&l.mlp, FeedForward::Dense(m) if m.is_quantized())
+                    || l.attention.is_quantized()
+            })
     }
 
     /// The LM head: its own table, or the embedding when tied.
@@ -322,99 +312,6 @@ impl Llama {
             .sum();
         let head = self.lm_head.as_ref().map_or(0, Embedding::nbytes);
         self.embed.nbytes() + layers + norms(&self.norm) + head
-    }
-}
-
-// Trainable parts: float weights, MoE layers included. Quantized ones stay
-// frozen (they list no parameters).
-
-impl Parameters for Mlp {
-    fn parameters(&self) -> Vec<Parameter> {
-        match self {
-            Self::Float(m) => m.parameters(),
-            Self::Moe(m) => m.parameters(),
-            Self::Quantized(_) => Vec::new(),
-        }
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        match self {
-            Self::Float(m) => Ok(Self::Float(m.with_parameters(locals)?)),
-            Self::Moe(m) => Ok(Self::Moe(m.with_parameters(locals)?)),
-            Self::Quantized(_) => Err(Error::Shape(
-                "a quantized MLP has no trainable parameters".to_owned(),
-            )),
-        }
-    }
-}
-
-impl Parameters for DecoderLayer {
-    fn parameters(&self) -> Vec<Parameter> {
-        let mut all = self.input_norm.parameters();
-        all.extend(self.attention.parameters());
-        all.extend(self.post_attention_norm.parameters());
-        all.extend(self.mlp.parameters());
-        all
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        let counts = [
-            1,
-            self.attention.parameters().len(),
-            1,
-            self.mlp.parameters().len(),
-        ];
-        let parts = split_locals(locals, &counts)?;
-        Ok(Self {
-            input_norm: self.input_norm.with_parameters(parts[0])?,
-            attention: self.attention.with_parameters(parts[1])?,
-            post_attention_norm: self.post_attention_norm.with_parameters(parts[2])?,
-            mlp: self.mlp.with_parameters(parts[3])?,
-        })
-    }
-}
-
-/// The model's float weights, in order: the embedding, each layer (its
-/// norms, attention and MLP), the final norm, and the LM head when it is
-/// not tied (a tied head is the embedding: one parameter, whose gradient
-/// sums both uses).
-impl Parameters for Llama {
-    fn parameters(&self) -> Vec<Parameter> {
-        let mut all = self.embed.parameters();
-        all.extend(self.layers.parameters());
-        all.extend(self.norm.parameters());
-        if let Some(head) = &self.lm_head {
-            all.extend(head.parameters());
-        }
-        all
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        if self.is_quantized() {
-            return Err(Error::Model {
-                path: self.path.clone(),
-                message: "only a float model is trainable (load it with `--dequantize`)".to_owned(),
-            });
-        }
-        let counts = [
-            self.embed.parameters().len(),
-            self.layers.parameters().len(),
-            1,
-            self.lm_head.as_ref().map_or(0, |h| h.parameters().len()),
-        ];
-        let parts = split_locals(locals, &counts)?;
-        Ok(Self {
-            config: self.config.clone(),
-            path: self.path.clone(),
-            embed: self.embed.with_parameters(parts[0])?,
-            layers: self.layers.with_parameters(parts[1])?,
-            norm: self.norm.with_parameters(parts[2])?,
-            lm_head: self
-                .lm_head
-                .as_ref()
-                .map(|h| h.with_parameters(parts[3]))
-                .transpose()?,
-        })
     }
 }
 

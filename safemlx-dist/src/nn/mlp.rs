@@ -1,89 +1,190 @@
-//! The tensor-parallel SwiGLU MLP.
+//! The tensor-parallel SwiGLU MLP, one layer for float and quantized
+//! weights.
 
-use safemlx::Stream;
+use safemlx::{Array, Stream};
 
+use super::projection::{load_columns, load_rows, part_of};
 use crate::checkpoint::Weights;
-use crate::error::Result;
-use crate::typed::{Partial, Replicated, Sharded, ShardedArray};
-use safemlx_dist_macros::sharded;
+use crate::error::{Error, Result};
+use crate::grad::Parameters;
+use crate::typed::{chunk_lengths, LinearWeight, Partial, Replicated, Sharded, ShardedArray};
 
-/// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
-/// columns and `down` `[H, D]` split by rows: one `all_sum` per forward
-/// (`2 (n-1)/n` of `[T, D]` per rank), or one `sum_scatter` with the
-/// sequence-parallel forward.
-#[sharded]
-#[derive(Debug)]
-pub struct SwiGluMlp {
-    /// `[D, H]`, column parallel.
-    #[shard(Sharded<1>)]
-    pub gate: ShardedArray<Sharded<1>>,
-    /// `[D, H]`, column parallel.
-    #[shard(Sharded<1>)]
-    pub up: ShardedArray<Sharded<1>>,
-    /// `[H, D]`, row parallel.
-    #[shard(Sharded<0>)]
-    pub down: ShardedArray<Sharded<0>>,
+/// `down(silu(x gateᵀ) * (x upᵀ))` with the weights `[out, in]` as
+/// checkpoints store them, float or quantized ([`LinearWeight`]): `gate`
+/// and `up` `[H, D]` split by rows (column parallel), `down` `[D, H]` by
+/// columns (row parallel), so the forward goes `Replicated` -> `Sharded<1>`
+/// -> `Partial` by the types and ends in one `all_sum` of `[T, D]` (or one
+/// `sum_scatter` in the sequence-parallel forward).
+///
+/// The hidden dimension `H` is split by the chunk rule applied to `down`'s
+/// quantization groups (to elements when `down` is float), so each rank's
+/// columns of `down` are whole groups and uneven splits are allowed. A
+/// rank with no hidden columns (more ranks than groups) adds zeros.
+/// Float weights are trainable; quantized ones stay frozen.
+#[derive(Debug, Parameters)]
+pub struct Mlp {
+    /// This rank's rows of `gate` `[H, D]`.
+    pub gate: LinearWeight<Sharded<0>>,
+    /// This rank's rows of `up` `[H, D]`.
+    pub up: LinearWeight<Sharded<0>>,
+    /// This rank's columns of `down` `[D, H]`.
+    pub down: LinearWeight<Sharded<1>>,
+    /// This rank's hidden columns `(first, count)`.
+    #[parameters(skip)]
+    pub hidden: (usize, usize),
+    #[parameters(skip)]
+    dim: usize,
 }
 
-impl SwiGluMlp {
+impl Mlp {
     /// Reads this rank's part of `gate_proj.weight`, `up_proj.weight`
-    /// (`[H, D]`, `[out, in]` as checkpoints store them: its rows of `H`)
-    /// and `down_proj.weight` (`[D, H]`: its columns), for `D` = `dim` and
-    /// `H` = `hidden`.
+    /// (`[H, D]`) and `down_proj.weight` (`[D, H]`), for `D` = `dim` and
+    /// `H` = `hidden`: only its rows of gate and up and its columns of
+    /// down. Tensors the checkpoint stores quantized stay quantized.
     ///
     /// # Errors
-    /// A missing tensor, or one whose shape is not the configuration's.
+    /// A missing tensor, one whose shape is not the configuration's, or a
+    /// failed read.
     pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
-        let column = |name: &str| -> Result<ShardedArray<Sharded<1>>> {
-            w.get::<Sharded<0>>(name, &[hidden, dim], s)?.transpose(s)
+        let unit = w
+            .quantization("down_proj.weight")
+            .map_or(1, |(group_size, _)| group_size);
+        let split: Vec<usize> = chunk_lengths(hidden / unit, w.comm().size())
+            .iter()
+            .map(|c| c * unit)
+            .collect();
+        let rows = |name: &str| load_rows(w, name, [hidden, dim], &split, s);
+        Ok(Self {
+            gate: rows("gate_proj.weight")?,
+            up: rows("up_proj.weight")?,
+            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
+            hidden: part_of(&split, w.comm().rank()),
+            dim,
+        })
+    }
+
+    /// This rank's part of full float weights `gate`, `up` `[H, D]` and
+    /// `down` `[D, H]` (the same on every rank), split by the chunk rule
+    /// over `H`. No communication.
+    ///
+    /// # Errors
+    /// Weights that are not 2-D or whose shapes do not meet (named).
+    pub fn from_full(
+        comm: &crate::runtime::Group,
+        gate: Array,
+        up: Array,
+        down: Array,
+        s: &Stream,
+    ) -> Result<Self> {
+        let (&[h, d], up_shape, &[d2, h2]) = (gate.shape(), up.shape(), down.shape()) else {
+            return Err(Error::Shape(format!(
+                "an MLP takes gate and up [H, D] and down [D, H]; got gate {:?}, down {:?}",
+                gate.shape(),
+                down.shape()
+            )));
+        };
+        if up_shape != [h, d] || [d2, h2] != [d, h] {
+            return Err(Error::Shape(format!(
+                "an MLP takes gate and up [H, D] and down [D, H]; got gate {:?}, up {:?}, down {:?}",
+                gate.shape(),
+                up_shape,
+                down.shape()
+            )));
+        }
+        let split = chunk_lengths(h as usize, comm.size());
+        let rows = |a: Array| -> Result<LinearWeight<Sharded<0>>> {
+            let sharded = ShardedArray::replicated(a, comm).shard::<0>(s)?;
+            Ok(LinearWeight::Float(sharded))
         };
         Ok(Self {
-            gate: column("gate_proj.weight")?,
-            up: column("up_proj.weight")?,
-            down: w
-                .get::<Sharded<1>>("down_proj.weight", &[dim, hidden], s)?
-                .transpose(s)?,
+            gate: rows(gate)?,
+            up: rows(up)?,
+            down: LinearWeight::Float(ShardedArray::replicated(down, comm).shard::<1>(s)?),
+            hidden: part_of(&split, comm.rank()),
+            dim: d as usize,
         })
     }
 
     /// The MLP on replicated tokens `[T, D]`; the output is replicated.
-    #[sharded(x @ Replicated, return @ Replicated)]
+    /// Cost: one `all_sum` of `[T, D]`.
+    ///
+    /// # Errors
+    /// `x` is not `[T, D]`, or an MLX error.
     pub fn forward(
         &self,
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
-        self.forward_partial(x, s)
+        self.forward_partial(x, s)?.all_sum(s)
     }
 
     /// The MLP on replicated tokens before its reduction: this rank's
     /// partial sum, for a caller that adds other partial sums before one
     /// `all_sum` (the shared experts of an MoE).
+    ///
+    /// # Errors
+    /// `x` is not `[T, D]`, a rank without hidden columns while a gradient
+    /// is traced, or an MLX error.
     pub fn forward_partial(
         &self,
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Partial>> {
-        let hidden = x
-            .matmul(&self.gate, s)?
-            .silu(s)?
-            .mul(&x.matmul(&self.up, s)?, s)?;
-        hidden.matmul(&self.down, s)
+        let &[t, d] = x.global_shape() else {
+            return Err(Error::Shape(format!(
+                "the MLP takes tokens [T, D], got {:?}",
+                x.global_shape()
+            )));
+        };
+        if d as usize != self.dim {
+            return Err(Error::Shape(format!(
+                "the MLP takes tokens [T, {}], got {:?}",
+                self.dim,
+                x.global_shape()
+            )));
+        }
+        if self.hidden.1 > 0 {
+            let hidden = x
+                .linear(&self.gate, s)?
+                .silu(s)?
+                .mul(&x.linear(&self.up, s)?, s)?;
+            return hidden.linear(&self.down, s);
+        }
+        if crate::grad::is_tracing() {
+            // Its peers' backward passes would wait for this rank's
+            // gradient sum of `x`, which a constant share never runs.
+            let [_, h] = self.down.global_shape();
+            return Err(Error::Shape(format!(
+                "rank {} holds none of the MLP's {h} hidden columns, so it cannot take part in a gradient; train on fewer ranks",
+                x.comm().rank()
+            )));
+        }
+        ShardedArray::<Partial>::zeros(x.comm(), &[t, d], x.local().dtype(), s)
     }
 
     /// Sequence parallel: tokens arrive split by rows (`Sharded<0>`), are
-    /// gathered for the column-parallel half, and leave split by rows
-    /// again through a `sum_scatter` instead of an `all_sum`.
-    #[sharded(x @ Replicated, return @ Sharded<0>)]
+    /// gathered for the column-parallel half (one `all_gather`), and leave
+    /// split by rows again through a `sum_scatter` instead of an `all_sum`.
+    ///
+    /// # Errors
+    /// See [`forward_partial`](Self::forward_partial).
     pub fn forward_sequence_parallel(
         &self,
         x: ShardedArray<Sharded<0>>,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<0>>> {
-        let hidden = x
-            .matmul(&self.gate, s)?
-            .silu(s)?
-            .mul(&x.matmul(&self.up, s)?, s)?;
-        hidden.matmul(&self.down, s)
+        self.forward_partial(&x.all_gather(s)?, s)?
+            .sum_scatter::<0>(s)
+    }
+
+    /// Whether any of the three weights stays quantized.
+    pub fn is_quantized(&self) -> bool {
+        [self.gate.is_quantized(), self.up.is_quantized()].contains(&true)
+            || self.down.is_quantized()
+    }
+
+    /// Bytes of this rank's weights.
+    pub fn nbytes(&self) -> usize {
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
     }
 }

@@ -16,6 +16,7 @@ mod moe;
 mod norm;
 mod projection;
 mod quantized;
+mod swiglu;
 
 pub use attention::{AttentionWeights, ShardedAttention};
 pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
@@ -24,13 +25,12 @@ pub use gqa::{GqaAttention, GqaConfig, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
-pub use mlp::SwiGluMlp;
+pub use mlp::Mlp;
 pub use moe::{
     ExpertMatmul, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe,
     MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use projection::Projection;
-pub use quantized::{
-    QuantizedColumnParallelLinear, QuantizedRowParallelLinear, QuantizedSwiGluMlp,
-};
+pub use quantized::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
+pub use swiglu::SwiGluMlp;

@@ -8,30 +8,13 @@ use crate::typed::{Replicated, ShardedArray};
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last axis, every rank
 /// computing it on its replicated copy (`safemlx::fast::rms_norm`).
-#[derive(Debug)]
+#[derive(Debug, crate::grad::Parameters)]
 pub struct RmsNorm {
     /// `[D]`, on every rank.
     pub weight: ShardedArray<Replicated>,
     /// The epsilon.
+    #[parameters(skip)]
     pub eps: f32,
-}
-
-impl crate::grad::Parameters for RmsNorm {
-    fn parameters(&self) -> Vec<crate::grad::Parameter> {
-        vec![crate::grad::Parameter::of(&self.weight)]
-    }
-
-    fn with_parameters(&self, locals: &[safemlx::Array]) -> Result<Self> {
-        crate::grad::check_count(1, locals.len())?;
-        Ok(Self {
-            weight: ShardedArray::from_local(
-                locals[0].clone(),
-                self.weight.comm(),
-                self.weight.global_shape(),
-            )?,
-            eps: self.eps,
-        })
-    }
 }
 
 impl RmsNorm {

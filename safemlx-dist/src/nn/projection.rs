@@ -183,7 +183,7 @@ impl Stored {
 }
 
 /// This rank's `(first, count)` of a dimension divided as `split`.
-fn part_of(split: &[usize], rank: usize) -> (usize, usize) {
+pub(super) fn part_of(split: &[usize], rank: usize) -> (usize, usize) {
     let first = split.iter().take(rank).sum();
     (first, split.get(rank).copied().unwrap_or(0))
 }

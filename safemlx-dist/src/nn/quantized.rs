@@ -11,23 +11,20 @@
 //!   through the typed layer's `Sharded<1>`, whose chunk rule counts
 //!   elements: it has to give every rank whole groups, or the row-parallel
 //!   layer is an error naming the shapes and the group size;
-//! - [`QuantizedSwiGluMlp`] splits its hidden dimension by the chunk rule
-//!   applied to groups (3 groups over 2 ranks are 2 + 1), which always
-//!   gives whole groups.
+//! - [`Mlp`](super::Mlp), the models' MLP, splits its hidden dimension by
+//!   the chunk rule applied to groups (3 groups over 2 ranks are 2 + 1),
+//!   which always gives whole groups.
 //!
 //! A quantized vocabulary table is an [`Embedding`](super::Embedding)
 //! like a float one.
 
 use safemlx::Stream;
 
-use super::projection::{load_columns, load_rows};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 use crate::runtime::Group;
-use crate::typed::{
-    chunk, chunk_lengths, LinearWeight, Partial, QuantizedArray, Replicated, Sharded, ShardedArray,
-};
+use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
 use safemlx_dist_macros::sharded;
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
@@ -153,95 +150,5 @@ impl QuantizedRowParallelLinear {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         self.partial(h, s)?.all_sum(s)
-    }
-}
-
-/// The SwiGLU MLP `down(silu(x gateᵀ) * (x upᵀ))` with the checkpoint's
-/// weights as stored: quantized ones stay quantized (a float one beside
-/// them is allowed). The hidden dimension `H` is split by the chunk rule
-/// applied to `down`'s quantization groups (elements when `down` is
-/// float), so each rank's columns of `down` are whole groups and uneven
-/// splits are allowed; `gate` and `up` take the same rows, an explicit
-/// split the typed products check. A rank with no hidden columns (more
-/// ranks than groups) contributes zeros. Cost: one `all_sum` of `[T, D]`,
-/// as [`SwiGluMlp`](super::SwiGluMlp).
-#[derive(Debug)]
-pub struct QuantizedSwiGluMlp {
-    /// This rank's rows of `gate` and `up` `[H, D]`.
-    pub gate: LinearWeight<Sharded<0>>,
-    /// See `gate`.
-    pub up: LinearWeight<Sharded<0>>,
-    /// This rank's columns of `down` `[D, H]`.
-    pub down: LinearWeight<Sharded<1>>,
-    /// This rank's hidden columns `(first, count)`.
-    pub hidden: (usize, usize),
-    dim: usize,
-}
-
-impl QuantizedSwiGluMlp {
-    /// Reads this rank's part of `gate_proj.weight`, `up_proj.weight`
-    /// (`[H, D]`) and `down_proj.weight` (`[D, H]`), for `D` = `dim` and
-    /// `H` = `hidden`.
-    ///
-    /// # Errors
-    /// A missing tensor, one whose shape is not the configuration's, or a
-    /// failed read.
-    pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
-        let unit = w
-            .quantization("down_proj.weight")
-            .map_or(1, |(group_size, _)| group_size);
-        let n = w.comm().size();
-        let split: Vec<usize> = chunk_lengths(hidden / unit, n)
-            .iter()
-            .map(|c| c * unit)
-            .collect();
-        let rows = |name: &str| load_rows(w, name, [hidden, dim], &split, s);
-        let first = split[..w.comm().rank()].iter().sum();
-        Ok(Self {
-            gate: rows("gate_proj.weight")?,
-            up: rows("up_proj.weight")?,
-            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
-            hidden: (first, split[w.comm().rank()]),
-            dim,
-        })
-    }
-
-    /// The MLP on replicated tokens `[T, D]`; the output is replicated.
-    ///
-    /// # Errors
-    /// `x` is not `[T, D]`, or an MLX error.
-    pub fn forward(
-        &self,
-        x: &ShardedArray<Replicated>,
-        s: &Stream,
-    ) -> Result<ShardedArray<Replicated>> {
-        let &[t, d] = x.global_shape() else {
-            return Err(Error::Shape(format!(
-                "the MLP takes tokens [T, D], got {:?}",
-                x.global_shape()
-            )));
-        };
-        if d as usize != self.dim {
-            return Err(Error::Shape(format!(
-                "the MLP takes tokens [T, {}], got {:?}",
-                self.dim,
-                x.global_shape()
-            )));
-        }
-        let partial = if self.hidden.1 == 0 {
-            ShardedArray::<Partial>::zeros(x.comm(), &[t, d], x.local().dtype(), s)?
-        } else {
-            let hidden = x
-                .linear(&self.gate, s)?
-                .silu(s)?
-                .mul(&x.linear(&self.up, s)?, s)?;
-            hidden.linear(&self.down, s)?
-        };
-        partial.all_sum(s)
-    }
-
-    /// Bytes of this rank's weights.
-    pub fn nbytes(&self) -> usize {
-        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
     }
 }

@@ -8,7 +8,7 @@ use super::config::{ExpertPlacement, MoeConfig};
 use super::{Experts, Moe, SharedExperts};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::nn::SwiGluMlp;
+use crate::nn::Mlp;
 use crate::runtime::Group;
 use crate::typed::{Sharded, ShardedArray};
 use safemlx_dist_macros::sharded;
@@ -266,7 +266,7 @@ impl Moe {
         let shared = match shared_hidden {
             None => None,
             Some(hidden) => {
-                let mlp = SwiGluMlp::load(&w.pp("shared_expert"), (dim, hidden), s)?;
+                let mlp = Mlp::load(&w.pp("shared_expert"), (dim, hidden), s)?;
                 let gate = if w.contains("shared_expert_gate.weight") {
                     let g = w.full("shared_expert_gate.weight", &[1, dim], s)?;
                     Some(ShardedArray::replicated(g.transpose(s)?, group))

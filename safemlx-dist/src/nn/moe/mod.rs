@@ -21,7 +21,6 @@
 mod config;
 mod experts;
 mod forward;
-mod parameters;
 mod routing;
 
 use safemlx::{Array, Stream};
@@ -32,23 +31,24 @@ use crate::typed::{Placement, Replicated, ShardedArray};
 pub use config::{ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
 pub use experts::{ExpertSlices, ExpertWeights, HfExpertNames};
 
-use super::SwiGluMlp;
+use super::Mlp;
+use crate::grad::Parameters;
 
 /// This rank's experts, by placement.
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
 enum Experts {
     Parallel(ExpertWeights),
     TensorParallel(ExpertSlices),
 }
 
 /// Experts every token goes through, beside the routed ones (Qwen2-MoE's
-/// `shared_expert`, DeepSeek's shared experts): a tensor-parallel SwiGLU
-/// MLP, optionally scaled per token by `sigmoid(x g)` (Qwen2-MoE's
+/// `shared_expert`, DeepSeek's shared experts): a tensor-parallel [`Mlp`],
+/// optionally scaled per token by `sigmoid(x g)` (Qwen2-MoE's
 /// `shared_expert_gate`, `g` `[D, 1]`).
-#[derive(Debug)]
+#[derive(Debug, Parameters)]
 pub struct SharedExperts {
     /// The MLP, hidden dimension split across ranks.
-    pub mlp: SwiGluMlp,
+    pub mlp: Mlp,
     /// `[D, 1]`, on every rank.
     pub gate: Option<ShardedArray<Replicated>>,
 }
@@ -74,12 +74,20 @@ pub struct MoeOutput<P: Placement> {
 }
 
 /// A mixture-of-experts layer on this rank (see the module docs).
-#[derive(Debug)]
+///
+/// Its parameters: the router (replicated), this rank's experts or slices
+/// (`gate`, `up`, `down`), then the shared experts' MLP and gate when the
+/// layer has them. Their gradients come from [`Moe::forward`]; the
+/// load-balancing and z-losses are statistics (host numbers), not part of
+/// the traced loss.
+#[derive(Debug, Parameters)]
 pub struct Moe {
     router: ShardedArray<Replicated>,
     experts: Box<Experts>,
     shared: Option<Box<SharedExperts>>,
+    #[parameters(skip)]
     config: MoeConfig,
+    #[parameters(skip)]
     num_experts: usize,
 }
 
@@ -108,11 +116,7 @@ impl Moe {
                 .sum(),
         };
         let shared = self.shared.as_ref().map_or(0, |sh| {
-            [sh.mlp.gate.local(), sh.mlp.up.local(), sh.mlp.down.local()]
-                .iter()
-                .map(|a| a.nbytes())
-                .sum::<usize>()
-                + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
+            sh.mlp.nbytes() + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
         });
         self.router.local().nbytes() + experts + shared
     }
