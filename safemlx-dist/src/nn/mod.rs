@@ -1,8 +1,14 @@
-//! Parallel layers, written with `#[sharded]` and the typed layer.
+//! Parallel layers on the typed layer.
 //!
-//! Each layer is built on every rank from the full weights (`from_full`,
-//! each rank keeping its part) and gives, through its forward, the same
-//! numbers as the dense single-process layer (tested at 1, 2 and 4 ranks).
+//! The models are built from [`Mlp`], [`GqaAttention`], [`Embedding`],
+//! [`RmsNorm`] and [`Moe`], whose weights are read from a checkpoint as
+//! stored (float or quantized, `[out, in]`), each rank reading only its
+//! part. The `#[sharded]` layers ([`SwiGluMlp`], [`ColumnParallelLinear`],
+//! [`RowParallelLinear`], [`ShardedAttention`], [`TransformerBlock`]) are
+//! the attribute's demonstration on small models. Every layer is built on
+//! every rank from the full weights (`from_full`, each rank keeping its
+//! part) or a weight source, and gives, through its forward, the same
+//! numbers as the dense single-process layer (tested at 1 to 4 ranks).
 
 mod attention;
 mod block;
