@@ -7,8 +7,7 @@
 //! enum whose variants each hold one value is that value's parameters.
 
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
-use syn::spanned::Spanned;
+use quote::quote;
 use syn::{Data, DeriveInput, Fields};
 
 /// Expands the derive on `input`, or a compile error naming what it does
@@ -86,29 +85,21 @@ fn struct_bodies(fields: &Fields, name: &syn::Ident) -> syn::Result<(TokenStream
         if skipped(field)? {
             kept.push(ident);
         } else {
-            // Spanned at the field's type: a type that is not a model part
-            // is reported there.
-            let path = quote_spanned!(field.ty.span()=> ::safemlx_dist::grad::Parameters);
-            trained.push((ident, path));
+            trained.push(ident);
         }
     }
-    let listed = trained
-        .iter()
-        .map(|(ident, path)| quote!(#path::parameters(&self.#ident)));
-    let counts = listed.clone();
-    let rebuilt = trained.iter().enumerate().map(|(index, (ident, path))| {
-        quote!(#ident: #path::with_parameters(&self.#ident, parts[#index])?)
-    });
+    let trait_path = quote!(::safemlx_dist::grad::Parameters);
+    let index = 0..trained.len();
     let parameters = quote! {
         let mut all = ::std::vec::Vec::new();
-        #(all.extend(#listed);)*
+        #(all.extend(#trait_path::parameters(&self.#trained));)*
         all
     };
     let with_parameters = quote! {
-        let counts = [#(#counts.len()),*];
+        let counts = [#(#trait_path::parameters(&self.#trained).len()),*];
         let parts = ::safemlx_dist::grad::split_locals(locals, &counts)?;
         Ok(Self {
-            #(#rebuilt,)*
+            #(#trained: #trait_path::with_parameters(&self.#trained, parts[#index])?,)*
             #(#kept: ::std::clone::Clone::clone(&self.#kept),)*
         })
     };

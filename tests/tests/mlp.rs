@@ -42,7 +42,7 @@ fn check(group: &Group, h: i32) -> (Mlp, ShardedArray<Replicated>) {
         .map(|r| h / n + i32::from(r < h % n))
         .sum();
     let count = h / n + i32::from((group.rank() as i32) < h % n);
-    assert_eq!(mlp.hidden, (first as usize, count as usize), "{what}");
+    assert_eq!(mlp.hidden(), (first as usize, count as usize), "{what}");
     let xr = ShardedArray::replicated(x, group);
     assert_close(
         mlp.forward(&xr, &s).unwrap().local(),
@@ -81,7 +81,7 @@ fn mlp_matches_dense_at_1_to_4_ranks() {
                     })
                     .unwrap();
                     let shapes: Vec<&[i32]> = grads.iter().map(Array::shape).collect();
-                    let c = mlp.hidden.1 as i32;
+                    let c = mlp.hidden().1 as i32;
                     assert_eq!(
                         shapes,
                         [&[2 * group.size() as i32, 8][..], &[c, 8], &[c, 8], &[8, c]]

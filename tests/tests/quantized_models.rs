@@ -63,7 +63,7 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
     let groups = [[3, 0, 0, 0], [2, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]][n - 1][rank];
     let first = [[0, 0, 0, 0], [0, 2, 0, 0], [0, 1, 2, 0], [0, 1, 2, 3]][n - 1][rank];
     assert_eq!(
-        mlp.hidden,
+        mlp.hidden(),
         (first * group_size, groups * group_size),
         "{what}"
     );

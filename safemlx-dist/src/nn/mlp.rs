@@ -29,11 +29,6 @@ pub struct Mlp {
     pub up: LinearWeight<Sharded<0>>,
     /// This rank's columns of `down` `[D, H]`.
     pub down: LinearWeight<Sharded<1>>,
-    /// This rank's hidden columns `(first, count)`.
-    #[parameters(skip)]
-    pub hidden: (usize, usize),
-    #[parameters(skip)]
-    dim: usize,
 }
 
 impl Mlp {
@@ -58,8 +53,6 @@ impl Mlp {
             gate: rows("gate_proj.weight")?,
             up: rows("up_proj.weight")?,
             down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
-            hidden: part_of(&split, w.comm().rank()),
-            dim,
         })
     }
 
@@ -76,32 +69,27 @@ impl Mlp {
         down: Array,
         s: &Stream,
     ) -> Result<Self> {
-        let (&[h, d], up_shape, &[d2, h2]) = (gate.shape(), up.shape(), down.shape()) else {
-            return Err(Error::Shape(format!(
-                "an MLP takes gate and up [H, D] and down [D, H]; got gate {:?}, down {:?}",
-                gate.shape(),
-                down.shape()
-            )));
+        let meet = match gate.shape() {
+            &[h, d] => up.shape() == [h, d] && down.shape() == [d, h],
+            _ => false,
         };
-        if up_shape != [h, d] || [d2, h2] != [d, h] {
+        if !meet {
             return Err(Error::Shape(format!(
                 "an MLP takes gate and up [H, D] and down [D, H]; got gate {:?}, up {:?}, down {:?}",
                 gate.shape(),
-                up_shape,
+                up.shape(),
                 down.shape()
             )));
         }
-        let split = chunk_lengths(h as usize, comm.size());
         let rows = |a: Array| -> Result<LinearWeight<Sharded<0>>> {
-            let sharded = ShardedArray::replicated(a, comm).shard::<0>(s)?;
-            Ok(LinearWeight::Float(sharded))
+            Ok(LinearWeight::Float(
+                ShardedArray::replicated(a, comm).shard::<0>(s)?,
+            ))
         };
         Ok(Self {
             gate: rows(gate)?,
             up: rows(up)?,
             down: LinearWeight::Float(ShardedArray::replicated(down, comm).shard::<1>(s)?),
-            hidden: part_of(&split, comm.rank()),
-            dim: d as usize,
         })
     }
 
@@ -136,14 +124,14 @@ impl Mlp {
                 x.global_shape()
             )));
         };
-        if d as usize != self.dim {
+        let [_, dim] = self.gate.global_shape();
+        if d as usize != dim {
             return Err(Error::Shape(format!(
-                "the MLP takes tokens [T, {}], got {:?}",
-                self.dim,
+                "the MLP takes tokens [T, {dim}], got {:?}",
                 x.global_shape()
             )));
         }
-        if self.hidden.1 > 0 {
+        if self.hidden().1 > 0 {
             let hidden = x
                 .linear(&self.gate, s)?
                 .silu(s)?
@@ -177,10 +165,15 @@ impl Mlp {
             .sum_scatter::<0>(s)
     }
 
+    /// This rank's hidden columns `(first, count)`: its columns of `down`.
+    pub fn hidden(&self) -> (usize, usize) {
+        let split = self.down.axis_split().unwrap_or_default();
+        part_of(&split, self.down.comm().rank())
+    }
+
     /// Whether any of the three weights stays quantized.
     pub fn is_quantized(&self) -> bool {
-        [self.gate.is_quantized(), self.up.is_quantized()].contains(&true)
-            || self.down.is_quantized()
+        self.gate.is_quantized() || self.up.is_quantized() || self.down.is_quantized()
     }
 
     /// Bytes of this rank's weights.

@@ -116,6 +116,14 @@ impl<P: QuantizedPlacement, C: Collective> LinearWeight<P, C> {
         }
     }
 
+    /// The group the weight is placed over.
+    pub fn comm(&self) -> &C {
+        match self {
+            Self::Float(w) => w.comm(),
+            Self::Quantized(w) => w.comm(),
+        }
+    }
+
     /// Whether the values stay quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Self::Quantized(_))
@@ -164,10 +172,7 @@ impl<C: Collective> LinearWeight<Sharded<0>, C> {
     pub fn lookup(&self, ids: &[u32], s: &Stream) -> Result<ShardedArray<Partial, C>> {
         let [vocab, dim] = self.global_shape();
         let lengths = self.axis_split().unwrap_or_default();
-        let (rank, comm) = match self {
-            Self::Float(w) => (w.comm().rank(), w.comm().clone()),
-            Self::Quantized(w) => (w.comm().rank(), w.comm().clone()),
-        };
+        let (comm, rank) = (self.comm(), self.comm().rank());
         let first: usize = lengths[..rank].iter().sum();
         let count = lengths.get(rank).copied().unwrap_or(0);
         let (rows, keep, t) = local_rows(ids, vocab, (first, count))?;
@@ -183,7 +188,7 @@ impl<C: Collective> LinearWeight<Sharded<0>, C> {
         } else {
             local
         };
-        ShardedArray::from_local(local, &comm, &[t, d])
+        ShardedArray::from_local(local, comm, &[t, d])
     }
 }
 
