@@ -136,7 +136,7 @@ impl Parameter {
     pub fn of<P: Placement, C: Collective>(x: &ShardedArray<P, C>) -> Self {
         Self {
             local: x.local().clone(),
-            copies: if P::REPLICATED { x.comm().size() } else { 1 },
+            copies: x.holders(),
         }
     }
 
@@ -210,12 +210,14 @@ impl<P: Placement, C: Collective> Parameters for ShardedArray<P, C> {
     fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
         check_count(1, locals.len())?;
         let local = locals[0].clone();
-        match self.axis_split() {
+        let array = match self.axis_split() {
             Some(split) => {
-                ShardedArray::from_local_split(local, self.comm(), self.global_shape(), &split)
+                ShardedArray::from_local_split(local, self.comm(), self.global_shape(), &split)?
             }
-            None => ShardedArray::from_local(local, self.comm(), self.global_shape()),
-        }
+            None => ShardedArray::from_local(local, self.comm(), self.global_shape())?,
+        };
+        // A copy of a shared part stays one (see `ShardedArray::copy_of`).
+        Ok(array.with_copies_of(self))
     }
 }
 

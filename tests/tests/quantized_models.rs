@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safemlx_dist::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
-use safemlx_dist::nn::{Mlp, Projection};
+use safemlx_dist::nn::{load_columns, Mlp};
 use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::host;
@@ -137,7 +137,7 @@ fn a_column_range_that_cuts_a_group_is_an_error_naming_the_tensor() {
     let name = "model.layers.0.self_attn.o_proj.weight";
     let group = safemlx_dist::init(false, Backend::Any).expect("singleton");
     let weights = Weights::new(&dir, &group);
-    let error = Projection::columns(&weights, name, [128, 128], &[(0, 48)], &s).unwrap_err();
+    let error = load_columns(&weights, name, [128, 128], &[48, 80], &s).unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(

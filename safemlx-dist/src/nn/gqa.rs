@@ -11,19 +11,26 @@
 //!   its chunk of that head's query heads. A rank may then hold no query
 //!   head at all (more ranks than query heads); it adds nothing.
 //!
-//! Each rank's output projection is a partial sum over its heads, reduced
-//! with one `all_sum` of `[T, D]`.
+//! The forward goes by the types: the replicated tokens times q, k and v
+//! split by rows (heads) are `Sharded<1>` by heads; each rank attends over
+//! its own heads ([`shard_map`]); the heads times the output projection
+//! split by columns are a `Partial` sum, reduced with one `all_sum` of
+//! `[T, D]`. With more ranks than KV heads, k and v hold one row block per
+//! rank, the shared head's rows on each rank that shares it, declared
+//! copies ([`LinearWeight::copy_of`]): while a gradient is traced, their
+//! gradients are summed over the ranks sharing the head where they enter
+//! computation, like every sum the typed layer inserts.
 
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
 use super::head_split::HeadSplit;
 use super::kv_cache::LayerCache;
-use super::Projection;
+use super::load_linear::{load_columns, load_row_block};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::runtime::Group;
-use crate::typed::{chunk, Partial, Replicated, ShardedArray};
+use crate::grad::Parameters;
+use crate::typed::{chunk, shard_map, LinearWeight, Replicated, Sharded, ShardedArray};
 
 /// Rotary position embedding, as MLX's fused `fast::rope` applies it.
 #[derive(Debug, Clone)]
@@ -78,23 +85,95 @@ pub struct GqaConfig {
     pub rope: Rope,
 }
 
-/// One rank's part of a grouped-query attention layer.
-#[derive(Debug)]
+/// One rank's part of a grouped-query attention layer: its heads' rows of
+/// q, k and v (`[out, D]`, float or quantized), their biases, and its
+/// heads' columns of the output projection; the q/k norm weights on every
+/// rank. Float weights are trainable, quantized ones frozen.
+#[derive(Debug, Parameters)]
 pub struct GqaAttention {
+    #[parameters(skip)]
     config: GqaConfig,
+    #[parameters(skip)]
     split: HeadSplit,
-    /// Ranks of the group the heads are split over.
-    group_size: usize,
-    /// This rank's rows (heads) of q `[q * hd, D]`, k and v `[kv * hd, D]`.
-    q: Projection,
-    k: Projection,
-    v: Projection,
-    /// `[q * hd]`, `[kv * hd]`, `[kv * hd]` when the model has them.
-    biases: Option<[Array; 3]>,
-    /// `[hd]` each, when the model has q/k norms.
-    norms: Option<[Array; 2]>,
-    /// This rank's columns (heads) of the output projection `[D, q * hd]`.
-    o: Projection,
+    q: LinearWeight<Sharded<0>>,
+    k: LinearWeight<Sharded<0>>,
+    v: LinearWeight<Sharded<0>>,
+    o: LinearWeight<Sharded<1>>,
+    q_bias: Option<ShardedArray<Sharded<0>>>,
+    k_bias: Option<ShardedArray<Sharded<0>>>,
+    v_bias: Option<ShardedArray<Sharded<0>>>,
+    q_norm: Option<ShardedArray<Replicated>>,
+    k_norm: Option<ShardedArray<Replicated>>,
+}
+
+/// One kind of head (query or KV) as the ranks divide it: this rank's rows
+/// `(first, count)` of the projection, every rank's row count, and, with
+/// more ranks than KV heads, this rank's KV head as a copy
+/// `(slot, slots, holders)`.
+struct HeadRows {
+    mine: (usize, usize),
+    split: Vec<usize>,
+    copy: Option<(usize, usize, usize)>,
+}
+
+impl HeadRows {
+    /// The query rows and the KV rows of this rank of `n`.
+    fn of(config: &GqaConfig, split: &HeadSplit, n: usize) -> Result<[Self; 2]> {
+        let hd = config.head_dim;
+        let rows = |(first, count): (usize, usize)| (first * hd, count * hd);
+        let all: Vec<HeadSplit> = (0..n)
+            .map(|rank| HeadSplit::new(config.heads, config.kv_heads, rank, n))
+            .collect::<Result<_>>()?;
+        let copy = (n > config.kv_heads).then(|| {
+            let slot = split.kv.0;
+            (slot, config.kv_heads, chunk(n, slot, config.kv_heads).1)
+        });
+        Ok([
+            Self {
+                mine: rows(split.query),
+                split: all.iter().map(|h| h.query.1 * hd).collect(),
+                copy: None,
+            },
+            Self {
+                mine: rows(split.kv),
+                split: all.iter().map(|h| h.kv.1 * hd).collect(),
+                copy,
+            },
+        ])
+    }
+
+    /// This rank's rows of the `[out, D]` weight `name` of shape `shape`.
+    fn weight(
+        &self,
+        w: &Weights,
+        name: &str,
+        shape: [usize; 2],
+        s: &Stream,
+    ) -> Result<LinearWeight<Sharded<0>>> {
+        let weight = load_row_block(w, name, shape, self.mine, &self.split, s)?;
+        match self.copy {
+            Some((slot, slots, holders)) => weight.copy_of(slot, slots, holders),
+            None => Ok(weight),
+        }
+    }
+
+    /// This rank's entries of the bias `name` of `len` values.
+    fn bias(
+        &self,
+        w: &Weights,
+        name: &str,
+        len: usize,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<0>>> {
+        let local = w.rows(name, &[len], &[self.mine], s)?;
+        let rows = self.split.iter().sum::<usize>();
+        let rows = i32::try_from(rows).map_err(|_| Error::ShapeOverflow { value: rows })?;
+        let bias = ShardedArray::from_local_split(local, w.comm(), &[rows], &self.split)?;
+        match self.copy {
+            Some((slot, slots, holders)) => bias.copy_of(slot, slots, holders),
+            None => Ok(bias),
+        }
+    }
 }
 
 impl GqaAttention {
@@ -109,51 +188,45 @@ impl GqaAttention {
     /// message names it), or a quantized output projection whose heads
     /// cut its quantization groups.
     pub fn load(w: &Weights, config: &GqaConfig, s: &Stream) -> Result<Self> {
-        let group = w.comm();
-        let split = HeadSplit::new(config.heads, config.kv_heads, group.rank(), group.size())?;
+        let comm = w.comm();
+        let split = HeadSplit::new(config.heads, config.kv_heads, comm.rank(), comm.size())?;
+        let [query, kv] = HeadRows::of(config, &split, comm.size())?;
         let (hd, d) = (config.head_dim, config.dim);
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
-        let rows = |(first, count): (usize, usize)| [(first * hd, count * hd)];
-        let q = Projection::rows(w, "q_proj.weight", [q_out, d], &rows(split.query), s)?;
-        let k = Projection::rows(w, "k_proj.weight", [kv_out, d], &rows(split.kv), s)?;
-        let v = Projection::rows(w, "v_proj.weight", [kv_out, d], &rows(split.kv), s)?;
-        let o = Projection::columns(w, "o_proj.weight", [d, q_out], &rows(split.query), s)?;
-        let biases = if config.qkv_bias {
-            let bias = |name: &str, heads, total: usize| w.rows(name, &[total], &rows(heads), s);
-            Some([
-                bias("q_proj.bias", split.query, q_out)?,
-                bias("k_proj.bias", split.kv, kv_out)?,
-                bias("v_proj.bias", split.kv, kv_out)?,
-            ])
-        } else {
-            None
+        let bias = |rows: &HeadRows, name: &str, len: usize| {
+            config
+                .qkv_bias
+                .then(|| rows.bias(w, name, len, s))
+                .transpose()
         };
-        let norms = if config.qk_norm {
-            Some([
-                w.full("q_norm.weight", &[hd], s)?,
-                w.full("k_norm.weight", &[hd], s)?,
-            ])
-        } else {
-            None
+        let norm = |name: &str| -> Result<Option<ShardedArray<Replicated>>> {
+            Ok(config
+                .qk_norm
+                .then(|| w.full(name, &[hd], s))
+                .transpose()?
+                .map(|a| ShardedArray::replicated(a, comm)))
         };
         Ok(Self {
             config: config.clone(),
             split,
-            group_size: group.size(),
-            q,
-            k,
-            v,
-            biases,
-            norms,
-            o,
+            q: query.weight(w, "q_proj.weight", [q_out, d], s)?,
+            k: kv.weight(w, "k_proj.weight", [kv_out, d], s)?,
+            v: kv.weight(w, "v_proj.weight", [kv_out, d], s)?,
+            o: load_columns(w, "o_proj.weight", [d, q_out], &query.split, s)?,
+            q_bias: bias(&query, "q_proj.bias", q_out)?,
+            k_bias: bias(&kv, "k_proj.bias", kv_out)?,
+            v_bias: bias(&kv, "v_proj.bias", kv_out)?,
+            q_norm: norm("q_norm.weight")?,
+            k_norm: norm("k_norm.weight")?,
         })
     }
 
     /// Whether any projection stays quantized.
     pub fn is_quantized(&self) -> bool {
-        [&self.q, &self.k, &self.v, &self.o]
-            .iter()
-            .any(|p| p.is_quantized())
+        self.q.is_quantized()
+            || self.k.is_quantized()
+            || self.v.is_quantized()
+            || self.o.is_quantized()
     }
 
     /// The heads this rank holds.
@@ -163,14 +236,12 @@ impl GqaAttention {
 
     /// Bytes of this rank's weights.
     pub fn nbytes(&self) -> usize {
-        let projections = [&self.q, &self.k, &self.v, &self.o];
-        let biases = self.biases.iter().flatten();
-        let norms = self.norms.iter().flatten();
-        projections
-            .into_iter()
-            .map(Projection::nbytes)
-            .sum::<usize>()
-            + biases.chain(norms).map(Array::nbytes).sum::<usize>()
+        let weights = [&self.q, &self.k, &self.v].map(LinearWeight::nbytes);
+        let biases = [&self.q_bias, &self.k_bias, &self.v_bias];
+        let biases = biases.into_iter().flatten().map(|b| b.local().nbytes());
+        let norms = [&self.q_norm, &self.k_norm];
+        let norms = norms.into_iter().flatten().map(|b| b.local().nbytes());
+        weights.iter().sum::<usize>() + self.o.nbytes() + biases.chain(norms).sum::<usize>()
     }
 
     /// Causal self-attention of the replicated tokens `x` `[T, D]` at
@@ -192,137 +263,65 @@ impl GqaAttention {
                 x.global_shape()
             )));
         };
-        let comm = x.comm();
-        let partial = if crate::grad::is_tracing() && comm.size() > 1 {
-            self.forward_traced(x.local(), t, cache, comm, s)?
-        } else if self.split.query.1 == 0 {
-            // More ranks than query heads: this rank holds none.
-            cache.skip(t as usize);
-            safemlx::ops::zeros_dtype(&[t, d], x.local().dtype(), s)?
-        } else {
-            let inputs = HeadInputs {
-                x: x.local().clone(),
-                norms: self.norms.clone(),
-                k: None,
-                v: None,
-                kv_biases: self.biases.as_ref().map(|[_, k, v]| [k.clone(), v.clone()]),
-            };
-            self.attend(&inputs, t, cache, s)?
-        };
-        ShardedArray::<Partial>::from_local(partial, comm, &[t, d])?.all_sum(s)
-    }
-
-    /// The forward while a gradient is traced. This rank's heads are a
-    /// share of the layer: the gradients of the replicated tokens and q/k
-    /// norm weights through them are summed over every rank, and with more
-    /// ranks than KV heads those of the KV head's float weights and biases
-    /// over the ranks sharing that head; one `all_sum` for all (see
-    /// `grad::sum_gradients_together`), also on a rank without query
-    /// heads, which computes zeros but takes part in the sum.
-    fn forward_traced(
-        &self,
-        x: &Array,
-        t: i32,
-        cache: &mut LayerCache,
-        comm: &Group,
-        s: &Stream,
-    ) -> Result<Array> {
-        let mut whole = vec![x];
-        whole.extend(self.norms.iter().flatten());
-        let sharing = comm.size() > self.config.kv_heads;
-        let mut shared: Vec<&Array> = Vec::new();
-        if sharing {
-            for projection in [&self.k, &self.v] {
-                if let Projection::Float(w) = projection {
-                    shared.push(w);
-                }
-            }
-            if let Some([_, k, v]) = &self.biases {
-                shared.extend([k, v]);
-            }
+        if d as usize != self.config.dim {
+            return Err(Error::Shape(format!(
+                "attention takes tokens [T, {}], got {:?}",
+                self.config.dim,
+                x.global_shape()
+            )));
         }
-        let (whole, shared) = crate::grad::sum_gradients_together(
-            &whole,
-            &shared,
-            (self.split.kv.0, self.config.kv_heads),
-            comm,
+        let project = |w: &LinearWeight<Sharded<0>>, bias: &Option<ShardedArray<Sharded<0>>>| {
+            let y = x.linear(w, s)?;
+            bias.as_ref().map_or(Ok(y.clone()), |b| y.add_bias(b, s))
+        };
+        let q = project(&self.q, &self.q_bias)?;
+        let k = project(&self.k, &self.k_bias)?;
+        let v = project(&self.v, &self.v_bias)?;
+        let norms: Vec<_> = [&self.q_norm, &self.k_norm].into_iter().flatten().collect();
+        let split = q.axis_split();
+        let heads = shard_map(
+            [&q, &k, &v],
+            &norms,
+            (q.global_shape(), split.as_deref()),
+            |[q, k, v], norms| self.attend([q, k, v], &norms, t, cache, s),
             s,
         )?;
-        if self.split.query.1 == 0 {
-            // No query head: zeros that depend on every summed input, so
-            // that this rank's backward pass runs the sum with its peers.
-            cache.skip(t as usize);
-            let d = x.shape()[1];
-            let mut anchor = Array::from_f32(0.0);
-            for a in whole.iter().chain(&shared) {
-                anchor = anchor.add(a.sum(None, s)?, s)?;
-            }
-            let zeros = safemlx::ops::zeros_dtype(&[t, d], x.dtype(), s)?;
-            return Ok(zeros.add(anchor.multiply(Array::from_f32(0.0), s)?, s)?);
-        }
-        let mut whole = whole.into_iter();
-        let x = whole.next().unwrap_or_else(|| x.clone());
-        let norms = match (whole.next(), whole.next()) {
-            (Some(q), Some(k)) => Some([q, k]),
-            _ => None,
-        };
-        let mut shared = shared.into_iter();
-        let mut float = |p: &Projection| match p {
-            Projection::Float(_) if sharing => shared.next(),
-            _ => None,
-        };
-        let (k, v) = (float(&self.k), float(&self.v));
-        let kv_biases = match &self.biases {
-            Some([_, k, v]) if sharing => match (shared.next(), shared.next()) {
-                (Some(k), Some(v)) => Some([k, v]),
-                _ => None,
-            },
-            Some([_, k, v]) => Some([k.clone(), v.clone()]),
-            None => None,
-        };
-        let inputs = HeadInputs {
-            x,
-            norms,
-            k,
-            v,
-            kv_biases,
-        };
-        self.attend(&inputs, t, cache, s)
+        heads.linear(&self.o, s)?.all_sum(s)
     }
 
-    /// This rank's heads: `[T, D]`, its share of the output projection.
+    /// This rank's heads: q `[T, heads * hd]`, k and v `[T, kv * hd]` to
+    /// the attention output `[T, heads * hd]`, after the q/k norms (when
+    /// `norms` has them) and the rotation, with the keys and values
+    /// appended to `cache`.
     fn attend(
         &self,
-        inputs: &HeadInputs,
+        [q, k, v]: [Array; 3],
+        norms: &[Array],
         t: i32,
         cache: &mut LayerCache,
         s: &Stream,
     ) -> Result<Array> {
-        let x = &inputs.x;
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
-        let project = |w: &Projection,
-                       weight: Option<&Array>,
-                       bias: Option<&Array>,
-                       heads: i32|
-         -> Result<Array> {
-            let mut y = match weight {
-                Some(w) => x.matmul(w, s)?,
-                None => w.apply(x, s)?,
-            };
-            if let Some(b) = bias {
-                y = y.add(b, s)?;
-            }
-            // [T, heads * hd] -> [1, heads, T, hd]
+        if heads == 0 && !crate::grad::is_tracing() {
+            // More ranks than query heads: no query reads this rank's keys
+            // and values, so it keeps none (its positions still count).
+            // While traced it computes on empty heads instead, to take
+            // part in the gradient sums its peers run.
+            cache.skip(t as usize);
+            return Ok(safemlx::ops::zeros_dtype(&[t, 0], q.dtype(), s)?);
+        }
+        // [T, heads * hd] -> [1, heads, T, hd]
+        let to_heads = |y: &Array, heads: i32| -> Result<Array> {
             Ok(y.reshape(&[1, t, heads, hd], s)?
                 .transpose_axes(&[0, 2, 1, 3], s)?)
         };
-        let q_bias = self.biases.as_ref().map(|b| &b[0]);
-        let kv_bias = |i: usize| inputs.kv_biases.as_ref().map(|b| &b[i]);
-        let mut q = project(&self.q, None, q_bias, heads)?;
-        let mut k = project(&self.k, inputs.k.as_ref(), kv_bias(0), kv_heads)?;
-        let v = project(&self.v, inputs.v.as_ref(), kv_bias(1), kv_heads)?;
-        if let Some([q_norm, k_norm]) = &inputs.norms {
+        let (mut q, mut k, v) = (
+            to_heads(&q, heads)?,
+            to_heads(&k, kv_heads)?,
+            to_heads(&v, kv_heads)?,
+        );
+        if let [q_norm, k_norm] = norms {
             q = safemlx::fast::rms_norm(&q, q_norm, self.config.norm_eps, s)?;
             k = safemlx::fast::rms_norm(&k, k_norm, self.config.norm_eps, s)?;
         }
@@ -335,101 +334,8 @@ impl GqaAttention {
         let out =
             safemlx::fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None, s)?;
         // [1, heads, T, hd] -> [T, heads * hd]
-        let out = out
+        Ok(out
             .transpose_axes(&[0, 2, 1, 3], s)?
-            .reshape(&[t, heads * hd], s)?;
-        self.o.apply(&out, s)
-    }
-
-    /// Ranks holding this rank's KV head: 1 unless there are more ranks
-    /// than KV heads.
-    fn kv_copies(&self, n: usize) -> usize {
-        if n > self.config.kv_heads {
-            chunk(n, self.split.kv.0, self.config.kv_heads).1
-        } else {
-            1
-        }
-    }
-}
-
-/// The arrays one rank's heads read besides their own weights: the tokens,
-/// the q/k norm weights, and the KV head's float weights (`[D, hd]`, in
-/// place of the projections' own) and biases, each possibly routed through
-/// a gradient sum.
-struct HeadInputs {
-    x: Array,
-    norms: Option<[Array; 2]>,
-    k: Option<Array>,
-    v: Option<Array>,
-    kv_biases: Option<[Array; 2]>,
-}
-
-impl crate::grad::Parameters for GqaAttention {
-    /// q, k, v and o (float ones only: quantized ones stay frozen), the
-    /// q/k/v biases, then the q/k norms (replicated). With more ranks than
-    /// KV heads, k, v and their biases are copies held by the ranks that
-    /// share the head.
-    fn parameters(&self) -> Vec<crate::grad::Parameter> {
-        let n = self.group_size;
-        let copies = self.kv_copies(n);
-        let held = |a: &Array, copies: usize| crate::grad::Parameter {
-            local: a.clone(),
-            copies,
-        };
-        let mut all: Vec<_> = self.q.parameters();
-        for kv in [&self.k, &self.v] {
-            all.extend(kv.parameters().into_iter().map(|p| held(&p.local, copies)));
-        }
-        all.extend(self.o.parameters());
-        if let Some([q, k, v]) = &self.biases {
-            all.extend([held(q, 1), held(k, copies), held(v, copies)]);
-        }
-        all.extend(self.norms.iter().flatten().map(|a| held(a, n)));
-        all
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        let projections = [&self.q, &self.k, &self.v, &self.o];
-        let mut counts: Vec<usize> = projections.iter().map(|p| p.parameters().len()).collect();
-        counts.push(self.biases.as_ref().map_or(0, |_| 3));
-        counts.push(self.norms.as_ref().map_or(0, |_| 2));
-        let parts = crate::grad::split_locals(locals, &counts)?;
-        let arrays = |part: &[Array], like: &[Array]| -> Result<Vec<Array>> {
-            if part.iter().zip(like).any(|(a, b)| a.shape() != b.shape()) {
-                return Err(Error::Shape(
-                    "attention biases or norms of other shapes were given".to_owned(),
-                ));
-            }
-            Ok(part.to_vec())
-        };
-        let biases = match &self.biases {
-            Some(b) => {
-                let [q, k, v]: [Array; 3] = arrays(parts[4], b)?
-                    .try_into()
-                    .map_err(|_| Error::Shape("three biases expected".to_owned()))?;
-                Some([q, k, v])
-            }
-            None => None,
-        };
-        let norms = match &self.norms {
-            Some(n) => {
-                let [q, k]: [Array; 2] = arrays(parts[5], n)?
-                    .try_into()
-                    .map_err(|_| Error::Shape("two norms expected".to_owned()))?;
-                Some([q, k])
-            }
-            None => None,
-        };
-        Ok(Self {
-            config: self.config.clone(),
-            split: self.split,
-            group_size: self.group_size,
-            q: self.q.with_parameters(parts[0])?,
-            k: self.k.with_parameters(parts[1])?,
-            v: self.v.with_parameters(parts[2])?,
-            o: self.o.with_parameters(parts[3])?,
-            biases,
-            norms,
-        })
+            .reshape(&[t, heads * hd], s)?)
     }
 }

@@ -3,7 +3,7 @@
 
 use safemlx::{Array, Stream};
 
-use super::projection::{load_columns, load_rows, part_of};
+use super::load_linear::{load_columns, load_rows, part_of};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;

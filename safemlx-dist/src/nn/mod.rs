@@ -17,10 +17,10 @@ mod gqa;
 mod head_split;
 pub mod kv_cache;
 mod linear;
+mod load_linear;
 mod mlp;
 mod moe;
 mod norm;
-mod projection;
 mod quantized;
 mod swiglu;
 
@@ -31,12 +31,12 @@ pub use gqa::{GqaAttention, GqaConfig, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache};
 pub use linear::{ColumnParallelLinear, RowParallelLinear};
+pub use load_linear::{load_columns, load_row_block, load_rows};
 pub use mlp::Mlp;
 pub use moe::{
     ExpertMatmul, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe,
     MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
-pub use projection::Projection;
 pub use quantized::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
 pub use swiglu::SwiGluMlp;

@@ -14,14 +14,16 @@
 //!
 //! A float weight multiplies through its transposed view (no copy), a
 //! quantized one through `quantized_matmul`; splits (by heads, by groups)
-//! carry over as in the rest of the typed layer. A `Sharded<0>` weight
+//! carry over as in the rest of the typed layer; a bias follows its
+//! outputs ([`ShardedArray::add_bias`]). A `Sharded<0>` weight
 //! also looks rows up ([`LinearWeight::lookup`]): the vocabulary table of
 //! an embedding, whose lookup is each rank's share, `Partial`.
 
 use safemlx::{Array, Stream};
 
 use super::collective::Collective;
-use super::placement::{Partial, Placement, Replicated, Sharded};
+use super::ops::{NoRule, Operand};
+use super::placement::{Partial, Placement, Ragged, Replicated, Sharded};
 use super::quantized::{QuantizedArray, QuantizedPlacement};
 use super::sharded::ShardedArray;
 use crate::error::{Error, Result};
@@ -124,6 +126,19 @@ impl<P: QuantizedPlacement, C: Collective> LinearWeight<P, C> {
         }
     }
 
+    /// The same weight, its part declared one of `holders` copies of part
+    /// `slot` of `slots` (see [`ShardedArray::copy_of`]). A quantized
+    /// weight has no gradient, so the declaration changes nothing for it.
+    ///
+    /// # Errors
+    /// As [`ShardedArray::copy_of`].
+    pub fn copy_of(self, slot: usize, slots: usize, holders: usize) -> Result<Self> {
+        Ok(match self {
+            Self::Float(w) => Self::Float(w.copy_of(slot, slots, holders)?),
+            Self::Quantized(w) => Self::Quantized(w),
+        })
+    }
+
     /// Whether the values stay quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Self::Quantized(_))
@@ -156,6 +171,56 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             LinearWeight::Float(w) => P::float(self, w, s),
             LinearWeight::Quantized(w) => P::quantized(self, w, s),
         }
+    }
+}
+
+/// The placement of `y + b` for `y` `[T, N]` placed as `Self` and a bias
+/// `b` `[N]` placed as `B`: a bias follows the outputs it is added to.
+#[diagnostic::on_unimplemented(
+    message = "no bias rule for `{Self}` + a `{B}` bias",
+    label = "a `{B}` bias cannot be added to `{Self}` outputs",
+    note = "the rules: Sharded<1> outputs (column parallel) + a Sharded<0> bias split alike; Replicated, Sharded<0> or Ragged outputs (rows) + a Replicated bias; a Partial sum + a Partial bias",
+    note = "a whole bias on a Partial sum would be added once per rank: add it after the reduction (`.all_sum()` first)"
+)]
+pub trait BiasRule<B>: Placement {}
+
+impl<P: Placement> BiasRule<NoRule> for P {}
+impl BiasRule<Sharded<0>> for Sharded<1> {}
+impl BiasRule<Replicated> for Replicated {}
+impl BiasRule<Replicated> for Sharded<0> {}
+impl BiasRule<Replicated> for Ragged {}
+impl BiasRule<Partial> for Partial {}
+
+impl<P: Placement, C: Collective> ShardedArray<P, C> {
+    /// `self + b` for `self` `[T, N]` and a bias `b` `[N]`, by the rules of
+    /// [`BiasRule`].
+    ///
+    /// # Errors
+    /// `self` not 2-D, a bias of another length or split (named), or an
+    /// MLX error.
+    pub fn add_bias<R: Operand<C>>(&self, b: &R, s: &Stream) -> Result<Self>
+    where
+        P: BiasRule<R::Placement>,
+    {
+        type B<R, C> = <R as Operand<C>>::Placement;
+        let b = b.sharded();
+        let (y, n) = (self.global_shape(), b.global_shape());
+        if y.len() != 2 || n != [y[1]] {
+            return Err(Error::Shape(format!(
+                "a bias of global shape {n:?} added to outputs of global shape {y:?}: the bias needs one value per output column"
+            )));
+        }
+        if B::<R, C>::AXIS.is_some() && self.axis_lengths(1) != b.axis_lengths(0) {
+            return Err(Error::Shape(format!(
+                "a {} bias split {:?} added to {} outputs split {:?}: they must be split alike",
+                B::<R, C>::name(),
+                b.axis_lengths(0),
+                P::name(),
+                self.axis_lengths(1)
+            )));
+        }
+        let (local, bias) = self.meeting(b, s)?;
+        Ok(self.map(local.add(&bias, s)?))
     }
 }
 

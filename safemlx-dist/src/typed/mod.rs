@@ -14,11 +14,12 @@ mod placement;
 mod quantized;
 mod redistribute;
 mod routing;
+mod shard_map;
 mod sharded;
 pub(crate) mod weights;
 
 pub use collective::Collective;
-pub use linear::{LinearRule, LinearWeight};
+pub use linear::{BiasRule, LinearRule, LinearWeight};
 pub use mesh::Mesh;
 pub use ops::{
     MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,
@@ -30,5 +31,6 @@ pub(crate) use quantized::quantized_part;
 pub use quantized::{checkpoint_tensors, QuantizedArray, QuantizedMatmulRule, QuantizedPlacement};
 pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};
+pub use shard_map::{partial_map, shard_map};
 pub use sharded::ShardedArray;
 pub use weights::{check_weight_dims, gather_weight, shard_weight, Dim, Dims, FieldLayout};

@@ -213,7 +213,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         ShardedArray::new_unchecked(local, self.comm().clone(), global).with_split(split)
     }
 
-    fn map(&self, local: Array) -> ShardedArray<P, C> {
+    pub(super) fn map(&self, local: Array) -> ShardedArray<P, C> {
         self.same_local(local, self.global_shape().to_vec())
     }
 
@@ -267,24 +267,18 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// The two local operands of a binary op. A `Replicated` one that meets
     /// a placement that differs by rank has a local gradient that is only
     /// this rank's share: while a gradient is traced it goes through
-    /// [`sum_gradients`](crate::runtime::sum_gradients).
-    fn meeting<Q: Placement>(
+    /// [`sum_gradients`](crate::runtime::sum_gradients); a declared copy
+    /// ([`copy_of`](ShardedArray::copy_of)) through the sum over its
+    /// holders.
+    pub(super) fn meeting<Q: Placement>(
         &self,
         other: &ShardedArray<Q, C>,
         s: &Stream,
     ) -> Result<(Array, Array)> {
         let mixed = P::REPLICATED != Q::REPLICATED;
         Ok((
-            if mixed && P::REPLICATED {
-                self.summed_local(s)?
-            } else {
-                self.local().clone()
-            },
-            if mixed && Q::REPLICATED {
-                other.summed_local(s)?
-            } else {
-                other.local().clone()
-            },
+            self.operand_local(mixed, s)?,
+            other.operand_local(mixed, s)?,
         ))
     }
 
@@ -412,8 +406,8 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             self.comm().clone(),
             vec![g[1], g[0]],
         );
-        // The split moves with its axis.
-        Ok(t.with_split(self.split().cloned()))
+        // The split moves with its axis; a copy stays a copy.
+        Ok(t.with_split(self.split().cloned()).with_copies_of(self))
     }
 
     /// `x * sigmoid(x)`. Not for `Partial`.

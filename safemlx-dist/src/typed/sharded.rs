@@ -37,7 +37,20 @@ pub struct ShardedArray<P: Placement, C: Collective = Group> {
     /// not the chunk rule's (a split by heads or by quantization groups;
     /// see [`from_local_split`](Self::from_local_split)).
     split: Option<Arc<[usize]>>,
+    /// When this rank's part is one of several identical copies (see
+    /// [`copy_of`](Self::copy_of)).
+    copies: Option<Arc<Copies>>,
     _placement: PhantomData<P>,
+}
+
+/// This rank's part of a `Sharded` array is one of `holders` identical
+/// copies of part `slot` of `slots` distinct parts: a KV head replicated
+/// on the ranks that share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Copies {
+    slot: usize,
+    slots: usize,
+    holders: usize,
 }
 
 impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
@@ -48,6 +61,7 @@ impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
             global: self.global.clone(),
             summed: Arc::clone(&self.summed),
             split: self.split.clone(),
+            copies: self.copies.clone(),
             _placement: PhantomData,
         }
     }
@@ -198,6 +212,7 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             global,
             summed: Arc::new(Mutex::new(None)),
             split: None,
+            copies: None,
             _placement: PhantomData,
         }
     }
@@ -241,6 +256,108 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let a = crate::runtime::sum_gradients(&self.local, self.comm.group(), s)?;
         *summed = Some(a.clone());
         Ok(a)
+    }
+
+    /// The same array, its part declared one of `holders` identical copies
+    /// held by the ranks that pass the same `slot` of `slots` distinct
+    /// parts: a KV head replicated on the ranks that share it, in a
+    /// `Sharded<0>` weight of every rank's heads (each copy counted as a
+    /// row block). Every rank of the group must declare it alike (same
+    /// `slots`). While a gradient is traced, the part's gradient is summed
+    /// over the ranks of its slot where it enters computation, and
+    /// `grad::Parameter` counts the copies once.
+    ///
+    /// # Errors
+    /// A placement that shards no axis, a `slot` not below `slots`, or no
+    /// holder.
+    pub fn copy_of(mut self, slot: usize, slots: usize, holders: usize) -> Result<Self> {
+        if P::AXIS.is_none() || slot >= slots || holders == 0 {
+            return Err(Error::Shape(format!(
+                "a {} part declared copy {slot} of {slots} held by {holders} ranks: copies are parts of a Sharded array, the slot below the count, held by at least one rank",
+                P::name()
+            )));
+        }
+        self.copies = Some(Arc::new(Copies {
+            slot,
+            slots,
+            holders,
+        }));
+        Ok(self)
+    }
+
+    /// Ranks holding this rank's local array: the group's size for a
+    /// `Replicated` array, the holders of a copy (see
+    /// [`copy_of`](Self::copy_of)), else 1.
+    pub fn holders(&self) -> usize {
+        match &self.copies {
+            _ if P::REPLICATED => self.comm.size(),
+            Some(c) => c.holders,
+            None => 1,
+        }
+    }
+
+    /// The same array keeping this one's copy declaration (a transpose of
+    /// a copied weight is the same copy).
+    pub(crate) fn with_copies_of<Q: Placement>(mut self, other: &ShardedArray<Q, C>) -> Self {
+        self.copies.clone_from(&other.copies);
+        self
+    }
+
+    /// This rank's local array as computation uses it: a `Replicated` one
+    /// meeting rank-dependent computation (`meets_shards`) through
+    /// [`summed_local`](Self::summed_local); a declared copy, while a
+    /// gradient is traced on several ranks, through the sum of its
+    /// gradient over the ranks of its slot (made once per array and its
+    /// clones); else the local array.
+    pub(crate) fn operand_local(&self, meets_shards: bool, s: &safemlx::Stream) -> Result<Array> {
+        if P::REPLICATED {
+            return if meets_shards {
+                self.summed_local(s)
+            } else {
+                Ok(self.local.clone())
+            };
+        }
+        let Some(copies) = self.copies.as_deref() else {
+            return Ok(self.local.clone());
+        };
+        if !crate::runtime::is_tracing() || self.comm.size() == 1 {
+            return Ok(self.local.clone());
+        }
+        let mut summed = self
+            .summed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(a) = summed.as_ref() {
+            return Ok(a.clone());
+        }
+        let (_, mut shared) = crate::runtime::sum_gradients_together(
+            &[],
+            &[&self.local],
+            (copies.slot, copies.slots),
+            self.comm.group(),
+            s,
+        )?;
+        let a = shared.pop().unwrap_or_else(|| self.local.clone());
+        *summed = Some(a.clone());
+        Ok(a)
+    }
+
+    /// Whether this array's gradient sum was made (see
+    /// [`summed_local`](Self::summed_local)).
+    pub(crate) fn has_summed(&self) -> bool {
+        self.summed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Records `a` as this array's local through its gradient sum (made
+    /// jointly with other arrays'), for every later use.
+    pub(crate) fn set_summed(&self, a: Array) {
+        *self
+            .summed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(a);
     }
 
     /// Checks that `other` divides the sharded axis as this array does.

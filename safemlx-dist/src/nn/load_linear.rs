@@ -1,5 +1,5 @@
-//! One rank's part of a linear map as the checkpoint stores it: float, or
-//! quantized (kept so, multiplied with `quantized_matmul`).
+//! One rank's part of a linear weight `[out, in]`, read as the checkpoint
+//! stores it (float, or quantized and kept so): its rows or its columns.
 
 use safemlx::{Array, Stream};
 
@@ -7,106 +7,6 @@ use crate::checkpoint::{whole_groups, Weights};
 use crate::error::{Error, Result};
 use crate::quantized::AffineWeight;
 use crate::typed::{LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray};
-
-/// This rank's part of `y = x Wᵀ` for a checkpoint tensor `W` `[out, in]`.
-#[derive(Debug)]
-pub enum Projection {
-    /// Float, held transposed `[in, out]` for `x W`.
-    Float(Array),
-    /// Quantized, held `[out, in]` as stored.
-    Quantized(AffineWeight),
-}
-
-impl Projection {
-    /// Rows `ranges` (outputs) of the `[out, in]` tensor `name` of shape
-    /// `shape`: quantized when the source stores it quantized.
-    ///
-    /// # Errors
-    /// Another shape, rows past its end, or a failed read.
-    pub fn rows(
-        w: &Weights,
-        name: &str,
-        shape: [usize; 2],
-        ranges: &[(usize, usize)],
-        s: &Stream,
-    ) -> Result<Self> {
-        read_rows(w, name, shape, ranges, s)?.projection(s)
-    }
-
-    /// Columns `ranges` (inputs) of the `[out, in]` tensor `name` of shape
-    /// `shape`; quantized ones in whole groups.
-    ///
-    /// # Errors
-    /// Another shape, a range that cuts a quantization group (named with
-    /// the tensor and the group size), or a failed read.
-    pub fn columns(
-        w: &Weights,
-        name: &str,
-        shape: [usize; 2],
-        ranges: &[(usize, usize)],
-        s: &Stream,
-    ) -> Result<Self> {
-        read_columns(w, name, shape, ranges, s)?.projection(s)
-    }
-
-    /// `x Wᵀ` for `x` `[..., in]`.
-    ///
-    /// # Errors
-    /// `x` without `in` trailing values, or an MLX error.
-    pub fn apply(&self, x: &Array, s: &Stream) -> Result<Array> {
-        match self {
-            Self::Float(w) => Ok(x.matmul(w, s)?),
-            Self::Quantized(w) => w.matmul_t(x, s),
-        }
-    }
-
-    /// Bytes held.
-    pub fn nbytes(&self) -> usize {
-        match self {
-            Self::Float(w) => w.nbytes(),
-            Self::Quantized(w) => w.nbytes(),
-        }
-    }
-
-    /// The float weight as a trainable (sharded) parameter; none for a
-    /// quantized one, which stays frozen.
-    pub fn parameters(&self) -> Vec<crate::grad::Parameter> {
-        match self {
-            Self::Float(w) => vec![crate::grad::Parameter::own(w.clone())],
-            Self::Quantized(_) => Vec::new(),
-        }
-    }
-
-    /// The same projection with its float weight replaced (see
-    /// [`parameters`](Self::parameters)).
-    ///
-    /// # Errors
-    /// A count or shape other than the weight's.
-    pub fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        match self {
-            Self::Float(w) => {
-                crate::grad::check_count(1, locals.len())?;
-                if locals[0].shape() != w.shape() {
-                    return Err(crate::error::Error::Shape(format!(
-                        "a projection of shape {:?} was given an array of shape {:?}",
-                        w.shape(),
-                        locals[0].shape()
-                    )));
-                }
-                Ok(Self::Float(locals[0].clone()))
-            }
-            Self::Quantized(w) => {
-                crate::grad::check_count(0, locals.len())?;
-                Ok(Self::Quantized(w.clone()))
-            }
-        }
-    }
-
-    /// Whether the weight stays quantized.
-    pub fn is_quantized(&self) -> bool {
-        matches!(self, Self::Quantized(_))
-    }
-}
 
 /// Ranges of a checkpoint tensor `[out, in]` as stored: float, not
 /// transposed, or quantized.
@@ -150,13 +50,6 @@ fn read_columns(
 }
 
 impl Stored {
-    fn projection(self, s: &Stream) -> Result<Projection> {
-        Ok(match self {
-            Self::Float(a) => Projection::Float(a.transpose(s)?),
-            Self::Quantized(q) => Projection::Quantized(q),
-        })
-    }
-
     /// This rank's part of a weight of logical `shape` whose sharded axis
     /// is divided as `split` says.
     fn split<P: QuantizedPlacement>(
@@ -202,8 +95,29 @@ pub fn load_rows(
     split: &[usize],
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<0>>> {
-    let part = [part_of(split, w.comm().rank())];
-    read_rows(w, name, shape, &part, s)?.split(w, shape, split)
+    load_row_block(w, name, shape, part_of(split, w.comm().rank()), split, s)
+}
+
+/// Rows `first..first + count` of the `[out, in]` tensor `name` of shape
+/// `shape` as this rank's part of a `Sharded<0>` weight whose ranks hold
+/// `split` rows each, where blocks may repeat: with more ranks than KV
+/// heads, the ranks sharing a head each hold its rows (a weight of
+/// `split.iter().sum()` rows, each copy a block; see
+/// [`LinearWeight::copy_of`]).
+///
+/// # Errors
+/// Another shape, rows past its end, a `count` that is not this rank's
+/// length in `split`, or a failed read.
+pub fn load_row_block(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    (first, count): (usize, usize),
+    split: &[usize],
+    s: &Stream,
+) -> Result<LinearWeight<Sharded<0>>> {
+    let rows = split.iter().sum();
+    read_rows(w, name, shape, &[(first, count)], s)?.split(w, [rows, shape[1]], split)
 }
 
 /// The inputs (columns) of the `[out, in]` tensor `name` of shape `shape`
