@@ -47,8 +47,6 @@ pub fn sum_gradients<C: Collective>(x: &Array, comm: &C, s: &Stream) -> Result<A
     runtime::sum_gradients(x, comm.group(), s)
 }
 
-pub(crate) use crate::runtime::sum_gradients_together;
-
 /// The loss that `loss` computes from `params` and its gradient with
 /// respect to each of them, in order.
 ///

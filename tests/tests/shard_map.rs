@@ -1,12 +1,13 @@
-//! The typed pieces attention is written with: `add_bias` (a bias follows
-//! its outputs), `shard_map` (each rank's own computation on its shards)
-//! and `copy_of` (a part held by several ranks, e.g. a shared KV head):
+//! The typed pieces attention and the MoE are written with: `add_bias` (a
+//! bias follows its outputs), `shard_map` (each rank's own computation on
+//! its shards), `partial_map` (a rank's share of a sum) and `copy_of` (a
+//! part held by several ranks, e.g. a shared KV head):
 //! values and gradients against the dense computation at 1 to 4 ranks.
 
 use safemlx::{Array, Stream};
 use safemlx_dist::grad::value_and_grad;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::typed::{chunk, shard_map, LinearWeight};
+use safemlx_dist::typed::{chunk, partial_map, shard_map, LinearWeight};
 use safemlx_dist::{Group, Replicated, Sharded, ShardedArray};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{assert_close, random, silu_array};
@@ -166,6 +167,56 @@ fn check_copies(group: &Group) {
     );
 }
 
+/// A rank's share of a sum from two replicated inputs, each rank's by
+/// another graph (rank 0 adds nothing, through other operations than its
+/// peers): the value and both inputs' gradients equal the dense ones.
+fn check_partial_share(group: &Group) {
+    let s = cpu();
+    let mut rng = Rng::new(8);
+    let (t, d) = (3, 4);
+    let full = [random(&mut rng, &[t, d], 0.5), random(&mut rng, &[d], 0.5)];
+    let n = group.size();
+    // Rank r contributes r (x * g): the sum is (x * g) n (n - 1) / 2.
+    let total = (n * (n - 1) / 2) as f32;
+    let dense_loss = |p: &[Array]| -> Vec<Array> {
+        let y = p[0]
+            .multiply(&p[1], &s)
+            .unwrap()
+            .multiply(Array::from_f32(total), &s)
+            .unwrap();
+        vec![y.square(&s).unwrap().sum(None, &s).unwrap()]
+    };
+    let (want_loss, want) =
+        safemlx::transforms::value_and_grad_with_argnums(dense_loss, &[0, 1][..])(&full).unwrap();
+    let rank = group.rank();
+    let (loss, grads) = value_and_grad(&full, |p| {
+        let x = ShardedArray::<Replicated>::from_local(p[0].clone(), group, &[t, d])?;
+        let g = ShardedArray::<Replicated>::from_local(p[1].clone(), group, &[d])?;
+        let share = partial_map(
+            &[&x, &g],
+            &[t, d],
+            |inputs| {
+                let (x, g) = (&inputs[0], &inputs[1]);
+                Ok(if rank == 0 {
+                    // Nothing, but from both inputs.
+                    x.multiply(Array::from_f32(0.0), &s)?
+                        .add(g.sum(None, &s)?.multiply(Array::from_f32(0.0), &s)?, &s)?
+                } else {
+                    x.multiply(g, &s)?
+                        .multiply(Array::from_f32(rank as f32), &s)?
+                })
+            },
+            &s,
+        )?;
+        let y = share.all_sum(&s)?;
+        y.mul(&y, &s)?.sum_all(&s)
+    })
+    .expect("value_and_grad");
+    assert_close(&loss, &want_loss[0], "partial share: loss", &s);
+    assert_close(&grads[0], &want[0], "partial share: d loss / d x", &s);
+    assert_close(&grads[1], &want[1], "partial share: d loss / d g", &s);
+}
+
 /// The messages of the checks that run before any computation.
 fn check_errors(group: &Group) {
     let s = cpu();
@@ -208,6 +259,7 @@ fn typed_heads_copies_and_biases_match_dense_at_1_to_4_ranks() {
             .run_test(|group| {
                 check_heads(group);
                 check_copies(group);
+                check_partial_share(group);
                 check_errors(group);
             })
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));

@@ -70,7 +70,9 @@ where
 /// `all_sum` for all of them, so a rank whose `f` builds another graph
 /// than its peers' (its experts got no token) still issues the same sums
 /// in the same order. Later rank-dependent uses of those arrays share the
-/// same sum.
+/// same sum. A rank whose share is nothing must still compute it from
+/// every input (zeros weighted by its gates, say): a result that does not
+/// depend on them would leave its peers waiting for its sum.
 ///
 /// # Errors
 /// No replicated input, what `f` returns, or a result of another shape

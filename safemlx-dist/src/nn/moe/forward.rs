@@ -6,11 +6,11 @@ use safemlx::ops;
 use safemlx::{Array, DeviceType, Dtype, Stream};
 
 use super::config::ExpertMatmul;
-use super::routing::{arange, int_array, routed_shares, silu, take_rows, Routing};
+use super::routing::{arange, int_array, silu, take_rows, Routing};
 use super::{Experts, Moe, MoeOutput};
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::typed::{chunk, Partial, Ragged, Replicated, RoutingPlan, ShardedArray};
+use crate::typed::{chunk, partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
 
 impl Moe {
     /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
@@ -185,6 +185,52 @@ impl Moe {
         })
     }
 
+    /// Rank `rank` of `n`'s share of the routed experts' output on the
+    /// replicated tokens `x` `[T, D]` with `router` `[D, E]`: the slots of
+    /// its experts (expert parallel) or its slices of every expert (expert
+    /// tensor parallel), other slots zero; with the kept slots' count and
+    /// the routing statistics.
+    fn routed_share(
+        &self,
+        x: &Array,
+        router: &Array,
+        (rank, n): (usize, usize),
+        s: &Stream,
+    ) -> Result<(Array, usize, Vec<f32>)> {
+        let t = usize::try_from(x.shape()[0]).unwrap_or(0);
+        let d = x.shape()[1];
+        let routing = self.route(x, router, s)?;
+        let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
+        let kept = &kept[0];
+        let m: usize = kept.iter().sum();
+        let k = self.config.top_k as i32;
+        // The slots this rank computes: a run of `order` (sorted by
+        // expert), their experts as indices into the local tensors.
+        let (weights, first, experts) = match self.experts.as_ref() {
+            Experts::Parallel(w) => {
+                let (first, count) = chunk(self.num_experts, rank, n);
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, first, first..first + count)
+            }
+            Experts::TensorParallel(w) => {
+                let weights = (w.gate.local(), w.up.local(), w.down.local());
+                (weights, 0, 0..self.num_experts)
+            }
+        };
+        let before: usize = kept[..experts.start].iter().sum();
+        let mine: usize = kept[experts.clone()].iter().sum();
+        let order = slice_axis(&routing.order, 0, before, mine, s)?;
+        let rows = take_rows(x, &order.floor_divide(Array::from_int(k), s)?, s)?;
+        let ids =
+            take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
+        let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
+        // The other ranks' slots are zeros here.
+        let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], x.dtype(), s);
+        let per_row =
+            ops::concatenate_axis(&[zeros(before)?, computed, zeros(m - before - mine)?], 0, s)?;
+        Ok((self.combine(&routing, &per_row, t, s)?, m, stats))
+    }
+
     /// The layer on replicated tokens `[T, D]`; the output is replicated.
     /// Every rank routes every token (identically), computes the slots of
     /// its experts (expert parallel) or its slices of every expert (expert
@@ -201,49 +247,31 @@ impl Moe {
         x: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<MoeOutput<Replicated>> {
-        let comm = x.comm().clone();
-        let n = comm.size();
-        // Every rank holds every token: each routes all of them (the same
-        // way) and computes the slots of its own experts (expert parallel)
-        // or its slices of every expert (expert tensor parallel); one
-        // all_sum adds the ranks' partial outputs and the shared experts'.
-        // The routed part is this rank's share of the output: the gradients
-        // of the tokens and the router through it are summed over ranks.
-        let (routed_input, router) = routed_shares(x.local(), self.router.local(), &comm, s)?;
-        let local = &routed_input;
-        let t = usize::try_from(local.shape()[0]).unwrap_or(0);
-        let d = local.shape()[1];
-        let routing = self.route(local, &router, s)?;
-        let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
-        let kept = &kept[0];
-        let m: usize = kept.iter().sum();
-        let k = self.config.top_k as i32;
-        // The slots this rank computes: a run of `order` (sorted by
-        // expert), their experts as indices into the local tensors.
-        let (weights, first, experts) = match self.experts.as_ref() {
-            Experts::Parallel(w) => {
-                let (first, count) = chunk(self.num_experts, comm.rank(), n);
-                let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, first, first..first + count)
-            }
-            Experts::TensorParallel(w) => {
-                let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, 0, 0..self.num_experts)
-            }
+        let &[t, d] = x.global_shape() else {
+            return Err(Error::Shape(format!(
+                "the MoE layer takes tokens [T, D], got {:?}",
+                x.global_shape()
+            )));
         };
-        let before: usize = kept[..experts.start].iter().sum();
-        let mine: usize = kept[experts.clone()].iter().sum();
-        let order = slice_axis(&routing.order, 0, before, mine, s)?;
-        let rows = take_rows(local, &order.floor_divide(Array::from_int(k), s)?, s)?;
-        let ids =
-            take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
-        let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
-        // The other ranks' slots are zeros here.
-        let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], local.dtype(), s);
-        let per_row =
-            ops::concatenate_axis(&[zeros(before)?, computed, zeros(m - before - mine)?], 0, s)?;
-        let routed = self.combine(&routing, &per_row, t, s)?;
-        let mut partial = ShardedArray::<Partial>::from_local(routed, &comm, &[t as i32, d])?;
+        // Every rank routes every token (the same way) and computes the
+        // slots of its own experts or its slices of every expert: its
+        // share of the output. The tokens' and the router's gradients
+        // through it are shares too; `partial_map` sums them.
+        let (rank, n) = (x.comm().rank(), x.comm().size());
+        let mut kept = (0, Vec::new());
+        let mut partial = partial_map(
+            &[x, &self.router],
+            &[t, d],
+            |inputs| match inputs.as_slice() {
+                [tokens, router] => {
+                    let (routed, m, stats) = self.routed_share(tokens, router, (rank, n), s)?;
+                    kept = (m, stats);
+                    Ok(routed)
+                }
+                _ => Err(Error::Shape("the MoE has two replicated inputs".to_owned())),
+            },
+            s,
+        )?;
         if let Some(shared) = &self.shared {
             let y = shared.mlp.forward_partial(x, s)?;
             let y = match &shared.gate {
@@ -252,6 +280,7 @@ impl Moe {
             };
             partial = partial.add(&y, s)?;
         }
+        let (m, stats) = kept;
         let (aux_loss, z_loss) = self.losses(&stats);
         Ok(MoeOutput {
             tokens: partial.all_sum(s)?,
@@ -259,7 +288,7 @@ impl Moe {
             z_loss,
             sent: vec![0; n],
             received: vec![0; n],
-            dropped: t * self.config.top_k - m,
+            dropped: t as usize * self.config.top_k - m,
         })
     }
 }

@@ -8,7 +8,6 @@ use super::config::Gating;
 use super::Moe;
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::runtime::Group;
 
 pub(super) fn int_array(values: &[i32]) -> Array {
     Array::from_slice(values, &[values.len() as i32])
@@ -204,25 +203,5 @@ impl Moe {
             .sum::<f32>()
             * e as f32;
         (aux, stats[2 * e] / tokens)
-    }
-}
-
-/// The tokens `x` `[T, D]` and the router `[D, E]` as the routed experts
-/// of one rank use them: unchanged, except that while a gradient is traced
-/// their gradients through this rank's slots (a share of the whole) are
-/// summed over the ranks, in one `all_sum` for both: a rank whose experts
-/// got no slots builds another graph than its peers, and two sums could
-/// reach the backward pass in another order there.
-pub(super) fn routed_shares(
-    x: &Array,
-    router: &Array,
-    comm: &Group,
-    s: &Stream,
-) -> Result<(Array, Array)> {
-    let (mut whole, _) = crate::grad::sum_gradients_together(&[x, router], &[], (0, 1), comm, s)?;
-    let router = whole.pop();
-    match (whole.pop(), router) {
-        (Some(x), Some(router)) => Ok((x, router)),
-        _ => Err(Error::Shape("two arrays expected".to_owned())),
     }
 }
