@@ -18,10 +18,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx::{Array, Stream};
-use safemlx_dist::nn::{
-    ExpertMatmul, ExpertPlacement, Moe, MoeConfig, ShardedAttention, SwiGluMlp,
-};
+use safemlx_dist::nn::{ExpertMatmul, ExpertPlacement, Moe, MoeConfig};
 use safemlx_dist::{all_max, all_sum, init, CollectiveProfile, Group, Ragged, ShardedArray};
+use safemlx_dist_examples::layers::{ShardedAttention, SwiGluMlp};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, dense, flag, median, weights};
 
 fn main() -> ExitCode {

@@ -2,7 +2,10 @@
 //! stream, weights and checkpoints, timing, the `--check` report, and the
 //! dense reference math (`dense`).
 
+#[cfg(doctest)]
+mod book;
 pub mod dense;
+pub mod layers;
 
 use std::path::PathBuf;
 

@@ -15,8 +15,8 @@
 use std::process::ExitCode;
 
 use safemlx_dist::checkpoint::Weights;
-use safemlx_dist::nn::SwiGluMlp;
 use safemlx_dist::{init, ShardedArray};
+use safemlx_dist_examples::layers::SwiGluMlp;
 use safemlx_dist_examples::{
     backend_from_args, check_requested, checkpoint, cpu_stream, dense, flag, report_check,
     save_requested, time_steps, weights,

@@ -18,9 +18,9 @@ use std::process::ExitCode;
 
 use safemlx::{Array, Stream};
 use safemlx_dist::checkpoint::Weights;
-use safemlx_dist::nn::{rms_norm, TransformerBlock};
 use safemlx_dist::typed::chunk;
 use safemlx_dist::{init, ShardedArray};
+use safemlx_dist_examples::layers::{rms_norm, TransformerBlock};
 use safemlx_dist_examples::{
     backend_from_args, check_requested, checkpoint, cpu_stream, dense, report_check,
     save_requested, time_steps, weights,
@@ -73,7 +73,7 @@ fn dense_block(
     moe: bool,
     s: &Stream,
 ) -> Result<Array, String> {
-    let eps = safemlx_dist::nn::DEFAULT_EPS;
+    let eps = safemlx_dist_examples::layers::DEFAULT_EPS;
     let normed = rms_norm(x, &w("attention_norm")?, eps, s).map_err(err)?;
     let attn = dense::attention(
         &normed,

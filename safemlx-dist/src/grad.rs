@@ -302,7 +302,7 @@ impl<T: Parameters> Parameters for Vec<T> {
 
 /// [`value_and_grad`] over a model's parameters: the loss, and the
 /// gradients as a model of the same type, each gradient in its parameter's
-/// place and placement (a `SwiGluMlp` of gradients for a `SwiGluMlp`).
+/// place and placement (an `Mlp` of gradients for an `Mlp`).
 ///
 /// # Errors
 /// As [`value_and_grad`].

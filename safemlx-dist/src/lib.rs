@@ -38,9 +38,6 @@ mod runtime;
 pub mod tokenizer;
 pub mod typed;
 
-#[cfg(doctest)]
-mod book;
-
 /// What `#[sharded]` expands to calls; not a public API.
 #[doc(hidden)]
 pub mod __private {

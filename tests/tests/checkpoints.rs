@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use safemlx::{Array, Dtype, Stream};
 use safemlx_dist::checkpoint::{save, Checkpoint, Weights};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::TransformerBlock;
 use safemlx_dist::{all_sum, Group, ShardedArray};
+use safemlx_dist_examples::layers::TransformerBlock;
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, random};
 use safemlx_dist_tests::typed::Rng;
@@ -330,7 +330,7 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
     // The same layer as one built from the full weights: same output.
     let reference = {
         let w = |name: &str| full(&format!("layers.0.{name}"));
-        let attention = safemlx_dist::nn::ShardedAttention::from_full(
+        let attention = safemlx_dist_examples::layers::ShardedAttention::from_full(
             group,
             heads,
             w("attention.qkv"),
@@ -339,7 +339,7 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
         )
         .unwrap();
         let feed_forward = if moe {
-            safemlx_dist::nn::FeedForward::Moe(
+            safemlx_dist_examples::layers::FeedForward::Moe(
                 safemlx_dist::nn::Moe::from_full(
                     group,
                     safemlx_dist::nn::MoeConfig::new(2),
@@ -352,8 +352,8 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
                 .unwrap(),
             )
         } else {
-            safemlx_dist::nn::FeedForward::Mlp(
-                safemlx_dist::nn::SwiGluMlp::from_full(
+            safemlx_dist_examples::layers::FeedForward::Mlp(
+                safemlx_dist_examples::layers::SwiGluMlp::from_full(
                     group,
                     w("mlp.gate"),
                     w("mlp.up"),
@@ -368,7 +368,7 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
             feed_forward,
             attention_norm: w("attention_norm"),
             feed_forward_norm: w("feed_forward_norm"),
-            eps: safemlx_dist::nn::DEFAULT_EPS,
+            eps: safemlx_dist_examples::layers::DEFAULT_EPS,
         }
     };
     let x = ShardedArray::replicated(random(&mut Rng::new(9), &[8, 24], 0.1), group);

@@ -9,13 +9,13 @@ use safemlx_dist::checkpoint::{Checkpoint, HfDirectory, Weights};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
-use safemlx_dist::nn::{
-    gather_logits, ColumnParallelLinear, Embedding, ExpertPlacement, RmsNorm, RowParallelLinear,
-    ShardedAttention, SwiGluMlp,
-};
+use safemlx_dist::nn::{gather_logits, Embedding, ExpertPlacement, RmsNorm};
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{Replicated, Sharded};
 use safemlx_dist::{Backend, Group, ShardedArray};
+use safemlx_dist_examples::layers::{
+    ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp,
+};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{assert_close, dense_attention, host, part, random, silu_array};
 use safemlx_dist_tests::typed::Rng;

@@ -4,8 +4,10 @@
 
 use safemlx::Array;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp};
 use safemlx_dist::{Group, ShardedArray};
+use safemlx_dist_examples::layers::{
+    ColumnParallelLinear, RowParallelLinear, ShardedAttention, SwiGluMlp,
+};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{
     assert_close, dense_attention, host, max_relative_error, silu_array,
@@ -148,7 +150,8 @@ fn dense_rms(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 }
 
 fn check_block(group: &Group) {
-    use safemlx_dist::nn::{FeedForward, Moe, MoeConfig, TransformerBlock};
+    use safemlx_dist::nn::{Moe, MoeConfig};
+    use safemlx_dist_examples::layers::{FeedForward, TransformerBlock};
     use safemlx_dist_tests::dense::{random, DenseGating, DenseMoe};
     let s = cpu();
     let n = group.size() as i32;

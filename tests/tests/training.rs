@@ -7,10 +7,11 @@
 use safemlx::{Array, Stream};
 use safemlx_dist::grad::{average_gradients, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::nn::{RmsNorm, SwiGluMlp};
+use safemlx_dist::nn::RmsNorm;
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::Replicated;
 use safemlx_dist::{Backend, Group, ShardedArray};
+use safemlx_dist_examples::layers::SwiGluMlp;
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error, random, silu_array};
 use safemlx_dist_tests::typed::Rng;

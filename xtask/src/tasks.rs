@@ -32,8 +32,8 @@ pub fn test() -> Result<(), String> {
         "warnings",
     ]))?;
     // Unit, integration, multi-process and doctests, including the book's
-    // chapters, which `safemlx-dist` compiles through its `#[cfg(doctest)]`
-    // module (see `safemlx-dist/src/book.rs`).
+    // chapters, which the examples crate compiles through its
+    // `#[cfg(doctest)]` module (see `examples/book.rs`).
     let model = models::fetch_smollm2()?;
     // MLX Python ranks in a group with ours (`safemlx-dist/tests/admission.rs`).
     let mlx_python = crate::mlx_python::python()?;

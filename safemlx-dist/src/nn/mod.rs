@@ -3,34 +3,26 @@
 //! The models are built from [`Mlp`], [`GqaAttention`], [`Embedding`],
 //! [`RmsNorm`] and [`Moe`], whose weights are read from a checkpoint as
 //! stored (float or quantized, `[out, in]`), each rank reading only its
-//! part. The `#[sharded]` layers ([`SwiGluMlp`], [`ColumnParallelLinear`],
-//! [`RowParallelLinear`], [`ShardedAttention`], [`TransformerBlock`]) are
-//! the attribute's demonstration on small models. Every layer is built on
+//! part. (The `#[sharded]` attribute's demonstration layers, a SwiGLU MLP,
+//! linear layers, attention and a transformer block for small models, are
+//! in the examples crate, `safemlx_dist_examples::layers`.) Every layer is built on
 //! every rank from the full weights (`from_full`, each rank keeping its
 //! part) or a weight source, and gives, through its forward, the same
 //! numbers as the dense single-process layer (tested at 1 to 4 ranks).
 
-mod attention;
-mod block;
 mod embedding;
 mod gqa;
 mod head_split;
 pub mod kv_cache;
-mod linear;
 mod load_linear;
 mod mlp;
 mod moe;
 mod norm;
-mod quantized;
-mod swiglu;
 
-pub use attention::{AttentionWeights, ShardedAttention};
-pub use block::{rms_norm, FeedForward, TransformerBlock, DEFAULT_EPS};
 pub use embedding::{gather_logits, Embedding};
 pub use gqa::{GqaAttention, GqaConfig, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache};
-pub use linear::{ColumnParallelLinear, RowParallelLinear};
 pub use load_linear::{load_columns, load_row_block, load_rows};
 pub use mlp::Mlp;
 pub use moe::{
@@ -38,5 +30,3 @@ pub use moe::{
     MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
-pub use quantized::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};
-pub use swiglu::SwiGluMlp;

@@ -3,10 +3,12 @@
 
 use safemlx::{Array, Stream};
 
-use super::{Moe, MoeConfig, ShardedAttention, SwiGluMlp};
-use crate::checkpoint::Weights;
-use crate::error::Result;
-use crate::typed::{Ragged, Replicated, Sharded, ShardedArray};
+use safemlx_dist::nn::{Moe, MoeConfig};
+
+use super::{ShardedAttention, SwiGluMlp};
+use safemlx_dist::checkpoint::Weights;
+use safemlx_dist::typed::{Ragged, Replicated, Sharded, ShardedArray};
+use safemlx_dist::Result;
 
 /// The norms' epsilon of a block built by [`TransformerBlock::load`].
 pub const DEFAULT_EPS: f32 = 1e-5;
@@ -75,7 +77,7 @@ impl TransformerBlock {
 
     /// The block's full weights under the names
     /// [`load`](Self::load) reads, after `prefix`:
-    /// what [`checkpoint::save`](crate::checkpoint::save) writes. Cost: one
+    /// what [`checkpoint::save`](safemlx_dist::checkpoint::save) writes. Cost: one
     /// `all_gather` per sharded weight.
     pub fn gather_full(&self, prefix: &str, s: &Stream) -> Result<Vec<(String, Array)>> {
         let named = |part: &'static str, weights: Vec<(&'static str, Array)>| {

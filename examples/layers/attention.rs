@@ -2,11 +2,11 @@
 
 use safemlx::{Array, Stream};
 
-use crate::checkpoint::Weights;
-use crate::error::{Error, Result};
-use crate::runtime::Group;
-use crate::typed::{Replicated, Sharded, ShardedArray};
-use safemlx_dist_macros::sharded;
+use safemlx_dist::checkpoint::Weights;
+use safemlx_dist::sharded;
+use safemlx_dist::typed::{Replicated, Sharded, ShardedArray};
+use safemlx_dist::Group;
+use safemlx_dist::{Error, Result};
 
 /// The attention weights: a fused QKV projection `[D, 3D]` whose Q, K and V
 /// blocks are each split by columns (so rank `r` holds its heads' Q, K and
@@ -31,8 +31,8 @@ pub struct ShardedAttention {
     heads: usize,
 }
 
-impl crate::grad::Parameters for ShardedAttention {
-    fn parameters(&self) -> Vec<crate::grad::Parameter> {
+impl safemlx_dist::grad::Parameters for ShardedAttention {
+    fn parameters(&self) -> Vec<safemlx_dist::grad::Parameter> {
         self.weights.parameters()
     }
 

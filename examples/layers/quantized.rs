@@ -20,12 +20,12 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::Weights;
-use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
-use crate::runtime::Group;
-use crate::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
-use safemlx_dist_macros::sharded;
+use safemlx_dist::checkpoint::Weights;
+use safemlx_dist::quantized::AffineWeight;
+use safemlx_dist::sharded;
+use safemlx_dist::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
+use safemlx_dist::Group;
+use safemlx_dist::{Error, Result};
 
 /// `y = x Wᵀ` with a quantized `W` `[H, D]` split by rows (outputs): rank
 /// `r` computes its chunk of the `H` outputs. No communication; the output

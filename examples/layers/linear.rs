@@ -3,9 +3,11 @@
 
 use safemlx::{Array, Stream};
 
-use crate::error::Result;
-use crate::runtime::Group;
-use crate::typed::{gather_weight, shard_weight, Partial, Replicated, Sharded, ShardedArray};
+use safemlx_dist::typed::{
+    gather_weight, shard_weight, Partial, Replicated, Sharded, ShardedArray,
+};
+use safemlx_dist::Group;
+use safemlx_dist::Result;
 
 /// `y = x W (+ b)` with `W` `[D, H]` split by columns: rank `r` computes its
 /// `H / n` output columns. No communication; the output is `Sharded<1>`,
@@ -122,7 +124,7 @@ impl RowParallelLinear {
         h.matmul(&self.weight, s)
     }
 
-    fn add_bias<P: crate::typed::Placement>(
+    fn add_bias<P: safemlx_dist::typed::Placement>(
         &self,
         y: ShardedArray<P>,
         s: &Stream,

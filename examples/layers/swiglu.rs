@@ -4,10 +4,10 @@
 
 use safemlx::Stream;
 
-use crate::checkpoint::Weights;
-use crate::error::Result;
-use crate::typed::{Partial, Replicated, Sharded, ShardedArray};
-use safemlx_dist_macros::sharded;
+use safemlx_dist::checkpoint::Weights;
+use safemlx_dist::sharded;
+use safemlx_dist::typed::{Partial, Replicated, Sharded, ShardedArray};
+use safemlx_dist::Result;
 
 /// `down(silu(x gate) * (x up))` with `gate` and `up` `[D, H]` split by
 /// columns and `down` `[H, D]` split by rows: one `all_sum` per forward

@@ -1,0 +1,47 @@
+//! The book's chapters, compiled and run as doctests: a sample that stops
+//! compiling or asserting fails `cargo test`.
+
+#[doc = include_str!("../book/src/introduction.md")]
+pub struct Introduction;
+
+#[doc = include_str!("../book/src/getting-started.md")]
+pub struct GettingStarted;
+
+#[doc = include_str!("../book/src/runtime.md")]
+pub struct Runtime;
+
+#[doc = include_str!("../book/src/launching.md")]
+pub struct Launching;
+
+#[doc = include_str!("../book/src/lowerings.md")]
+pub struct Lowerings;
+
+#[doc = include_str!("../book/src/placements.md")]
+pub struct Placements;
+
+#[doc = include_str!("../book/src/sharded.md")]
+pub struct Sharded;
+
+#[doc = include_str!("../book/src/tensor-parallel.md")]
+pub struct TensorParallel;
+
+#[doc = include_str!("../book/src/moe.md")]
+pub struct Moe;
+
+#[doc = include_str!("../book/src/checkpoints.md")]
+pub struct Checkpoints;
+
+#[doc = include_str!("../book/src/models.md")]
+pub struct Models;
+
+#[doc = include_str!("../book/src/training.md")]
+pub struct Training;
+
+#[doc = include_str!("../book/src/design.md")]
+pub struct Design;
+
+#[doc = include_str!("../README.md")]
+pub struct Readme;
+
+#[doc = include_str!("../book/src/quantized.md")]
+pub struct Quantized;
