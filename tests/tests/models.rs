@@ -1,6 +1,7 @@
 //! Llama-family models from Hugging Face directories at 1, 2, 3 and 4
 //! ranks: the prompt's logits equal mlx-lm's for the same weights (goldens
-//! made by `tests/golden/make_llama_goldens.py`), decoding with the KV
+//! made by `tests/golden/make_llama_goldens.py` and, for Phi-3,
+//! `make_phi3_goldens.py`), decoding with the KV
 //! cache equals the whole-sequence logits, and every rank reads only its
 //! part of the weights; the same for GGUF copies of two of the models.
 
@@ -14,8 +15,8 @@ use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
 
-/// Every case of the golden script: (directory, what it covers).
-const CASES: [(&str, &str); 5] = [
+/// Every case of the golden scripts: (directory, what it covers).
+const CASES: [(&str, &str); 6] = [
     ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
     (
         "llama3-kv1-sharded",
@@ -24,6 +25,10 @@ const CASES: [(&str, &str); 5] = [
     ("mistral-kv2", "Mistral"),
     ("qwen2-bias", "q/k/v biases"),
     ("qwen3-qknorm", "q/k norms, head_dim 16"),
+    (
+        "phi3-fused",
+        "Phi-3: fused qkv_proj and gate_up_proj (make_phi3_goldens.py)",
+    ),
 ];
 
 fn golden_dir(case: &str) -> PathBuf {
@@ -157,42 +162,65 @@ fn a_weight_labelled_as_integers_is_refused() {
 /// finite value").
 #[test]
 fn configuration_values_that_cannot_run_are_named() {
-    let cases: [(&str, serde_json::Value, &str); 5] = [
+    let llama = "llama-tied-kv3";
+    let cases: [(&str, &str, serde_json::Value, &str); 7] = [
         (
+            llama,
             "rope_theta",
             0.0.into(),
             "rope_theta is 0: the RoPE base must be a finite number above 0",
         ),
         (
+            llama,
             "rms_norm_eps",
             (-1.0).into(),
             "rms_norm_eps is -1: the RMSNorm epsilon must be above 0 and at most 0.1",
         ),
         (
+            llama,
             "rms_norm_eps",
             1000.0.into(),
             "rms_norm_eps is 1000: the RMSNorm epsilon must be above 0 and at most 0.1",
         ),
         (
+            llama,
             "rope_scaling",
             serde_json::json!({"rope_type": "linear", "factor": -2.0}),
             "rope_scaling (factor) is -2: a RoPE scaling factor must be a finite number above 0",
         ),
         (
+            llama,
             "eos_token_id",
             67.into(),
             "eos_token_id is 67, outside the vocabulary of 67 tokens",
         ),
+        // Phi-3's forms not read here: part of each head rotated, LongRoPE.
+        (
+            "phi3-fused",
+            "partial_rotary_factor",
+            0.5.into(),
+            "\"partial_rotary_factor\" is 0.5; Phi-3 is read with whole heads rotated (1.0)",
+        ),
+        (
+            "phi3-fused",
+            "rope_scaling",
+            serde_json::json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}),
+            "rope scaling \"longrope\" is not supported; supported: default, linear, llama3",
+        ),
     ];
-    for (key, value, message) in cases {
-        let dir = damaged_dir("llama-tied-kv3", key, |d| {
+    for (case, key, value, message) in cases {
+        let dir = damaged_dir(case, &format!("{case}-{key}"), |d| {
             let path = d.join("config.json");
             let mut json: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             json[key] = value.clone();
             std::fs::write(path, json.to_string()).unwrap();
         });
-        assert_eq!(load_error(&dir), format!("model DIR: {message}"), "{key}");
+        assert_eq!(
+            load_error(&dir),
+            format!("model DIR: {message}"),
+            "{case} {key}"
+        );
     }
 }
 

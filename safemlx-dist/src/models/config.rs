@@ -25,11 +25,14 @@ pub enum Family {
     Qwen2Moe,
     /// Qwen3-MoE: Qwen3's attention, routed experts (`norm_topk_prob`).
     Qwen3Moe,
+    /// Phi-3: q, k and v in one tensor, the MLP's gate and up in one
+    /// (see `models/phi3.rs`).
+    Phi3,
 }
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 7] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 8] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
@@ -37,6 +40,7 @@ impl Family {
         ("mixtral", Family::Mixtral),
         ("qwen2_moe", Family::Qwen2Moe),
         ("qwen3_moe", Family::Qwen3Moe),
+        ("phi3", Family::Phi3),
     ];
 }
 

@@ -32,6 +32,9 @@ impl LlamaConfig {
                     Family::MODEL_TYPES.map(|(n, _)| n).join(", ")
                 ))
             })?;
+        if family == Family::Phi3 {
+            super::phi3::check_config(json).map_err(fail)?;
+        }
         let int = |key: &str| -> Result<Option<usize>> {
             match json.get(key) {
                 None | Some(Value::Null) => Ok(None),

@@ -21,7 +21,8 @@
 
 use safemlx::{Array, Stream};
 
-use super::config::LlamaConfig;
+use super::config::{Family, LlamaConfig};
+use super::phi3;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
@@ -123,7 +124,7 @@ impl Llama {
     pub fn gguf_weights(file: GgufFile, s: &Stream) -> Result<(LlamaConfig, GgufWeights)> {
         let config = LlamaConfig::from_gguf(&file, s)?;
         // llama.cpp reorders the q/k rows of `llama` models only.
-        let permuted = (config.family == super::Family::Llama).then_some((
+        let permuted = (config.family == Family::Llama).then_some((
             config.heads,
             config.kv_heads,
             config.head_dim,
@@ -160,15 +161,18 @@ impl Llama {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
                     Some(m) if m.is_moe_layer(i) => FeedForward::Moe(moe(&w, c, m, s)?),
-                    _ => FeedForward::Dense(Box::new(Mlp::load(
-                        &w.pp("mlp"),
-                        (d, c.intermediate_size),
-                        s,
-                    )?)),
+                    _ => FeedForward::Dense(Box::new(match c.family {
+                        Family::Phi3 => phi3::mlp(&w.pp("mlp"), (d, c.intermediate_size), s)?,
+                        _ => Mlp::load(&w.pp("mlp"), (d, c.intermediate_size), s)?,
+                    })),
+                };
+                let attention = match c.family {
+                    Family::Phi3 => phi3::attention(&w.pp("self_attn"), &attention, s)?,
+                    _ => GqaAttention::load(&w.pp("self_attn"), &attention, s)?,
                 };
                 Ok(DecoderLayer {
                     input_norm: norm(&w.pp("input_layernorm"))?,
-                    attention: GqaAttention::load(&w.pp("self_attn"), &attention, s)?,
+                    attention,
                     post_attention_norm: norm(&w.pp("post_attention_layernorm"))?,
                     mlp,
                 })

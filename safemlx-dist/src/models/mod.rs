@@ -6,6 +6,8 @@
 //!   (see [`load`]); quantized weights stay quantized. Its MoE members,
 //!   Mixtral, Qwen2-MoE and Qwen3-MoE, from Hugging Face directories,
 //!   experts split across ranks or sliced ([`LoadOptions::experts`]).
+//! - `phi3`: Phi-3, Llama's decoder with fused `qkv_proj` and
+//!   `gate_up_proj` tensors, from Hugging Face directories.
 //!
 //! Every rank loads only its part of each tensor (heads, MLP columns,
 //! vocabulary rows); the logits equal those of the whole model computed in
@@ -17,6 +19,7 @@ mod config_check;
 mod config_gguf;
 mod config_hf;
 pub mod llama;
+mod phi3;
 
 use std::path::Path;
 

@@ -142,30 +142,34 @@ impl HeadRows {
         ])
     }
 
-    /// This rank's rows of the `[out, D]` weight `name` of shape `shape`.
+    /// This rank's rows of the `[out, D]` weight `name` of shape `shape`,
+    /// whose heads start at row `offset` (a fused q/k/v tensor).
     fn weight(
         &self,
         w: &Weights,
-        name: &str,
+        (name, offset): (&str, usize),
         shape: [usize; 2],
         s: &Stream,
     ) -> Result<LinearWeight<Sharded<0>>> {
-        let weight = load_row_block(w, name, shape, self.mine, &self.split, s)?;
+        let (first, count) = self.mine;
+        let weight = load_row_block(w, name, shape, (offset + first, count), &self.split, s)?;
         match self.copy {
             Some((slot, slots, holders)) => weight.copy_of(slot, slots, holders),
             None => Ok(weight),
         }
     }
 
-    /// This rank's entries of the bias `name` of `len` values.
+    /// This rank's entries of the bias `name` of `len` values, whose heads
+    /// start at `offset`.
     fn bias(
         &self,
         w: &Weights,
-        name: &str,
+        (name, offset): (&str, usize),
         len: usize,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<0>>> {
-        let local = w.rows(name, &[len], &[self.mine], s)?;
+        let (first, count) = self.mine;
+        let local = w.rows(name, &[len], &[(offset + first, count)], s)?;
         let rows = self.split.iter().sum::<usize>();
         let rows = i32::try_from(rows).map_err(|_| Error::ShapeOverflow { value: rows })?;
         let bias = ShardedArray::from_local_split(local, w.comm(), &[rows], &self.split)?;
@@ -188,15 +192,51 @@ impl GqaAttention {
     /// message names it), or a quantized output projection whose heads
     /// cut its quantization groups.
     pub fn load(w: &Weights, config: &GqaConfig, s: &Stream) -> Result<Self> {
+        Self::read(w, config, None, s)
+    }
+
+    /// As [`load`](Self::load) for a checkpoint whose q, k and v are one
+    /// tensor `fused` `[(H + 2 H_kv) hd, D]`, the query heads' rows, then
+    /// the keys', then the values' (Phi-3's `qkv_proj.weight`; its bias,
+    /// when the configuration has one, is `fused` with `.bias` for
+    /// `.weight`). Each rank reads only its heads' rows of each part.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn load_fused(w: &Weights, fused: &str, config: &GqaConfig, s: &Stream) -> Result<Self> {
+        Self::read(w, config, Some(fused), s)
+    }
+
+    fn read(w: &Weights, config: &GqaConfig, fused: Option<&str>, s: &Stream) -> Result<Self> {
         let comm = w.comm();
         let split = HeadSplit::new(config.heads, config.kv_heads, comm.rank(), comm.size())?;
         let [query, kv] = HeadRows::of(config, &split, comm.size())?;
         let (hd, d) = (config.head_dim, config.dim);
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
-        let bias = |rows: &HeadRows, name: &str, len: usize| {
+        // Each part's weight and bias tensors, its first row there, and
+        // the tensors' rows.
+        let (names, offsets, rows) = match fused {
+            None => (
+                ["q_proj", "k_proj", "v_proj"].map(str::to_owned),
+                [0; 3],
+                [q_out, kv_out, kv_out],
+            ),
+            Some(name) => (
+                [(); 3].map(|()| name.strip_suffix(".weight").unwrap_or(name).to_owned()),
+                [0, q_out, q_out + kv_out],
+                [q_out + 2 * kv_out; 3],
+            ),
+        };
+        let part = |i: usize, suffix: &str| (format!("{}.{suffix}", names[i]), offsets[i]);
+        let weight = |rows_of: &HeadRows, i: usize| {
+            let (name, offset) = part(i, "weight");
+            rows_of.weight(w, (&name, offset), [rows[i], d], s)
+        };
+        let bias = |rows_of: &HeadRows, i: usize| {
+            let (name, offset) = part(i, "bias");
             config
                 .qkv_bias
-                .then(|| rows.bias(w, name, len, s))
+                .then(|| rows_of.bias(w, (&name, offset), rows[i], s))
                 .transpose()
         };
         let norm = |name: &str| -> Result<Option<ShardedArray<Replicated>>> {
@@ -209,13 +249,13 @@ impl GqaAttention {
         Ok(Self {
             config: config.clone(),
             split,
-            q: query.weight(w, "q_proj.weight", [q_out, d], s)?,
-            k: kv.weight(w, "k_proj.weight", [kv_out, d], s)?,
-            v: kv.weight(w, "v_proj.weight", [kv_out, d], s)?,
+            q: weight(&query, 0)?,
+            k: weight(&kv, 1)?,
+            v: weight(&kv, 2)?,
             o: load_columns(w, "o_proj.weight", [d, q_out], &query.split, s)?,
-            q_bias: bias(&query, "q_proj.bias", q_out)?,
-            k_bias: bias(&kv, "k_proj.bias", kv_out)?,
-            v_bias: bias(&kv, "v_proj.bias", kv_out)?,
+            q_bias: bias(&query, 0)?,
+            k_bias: bias(&kv, 1)?,
+            v_bias: bias(&kv, 2)?,
             q_norm: norm("q_norm.weight")?,
             k_norm: norm("k_norm.weight")?,
         })

@@ -3,7 +3,7 @@
 
 use safemlx::{Array, Stream};
 
-use super::load_linear::{load_columns, load_rows, part_of};
+use super::load_linear::{load_columns, load_row_block, load_rows, part_of};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
@@ -41,19 +41,56 @@ impl Mlp {
     /// A missing tensor, one whose shape is not the configuration's, or a
     /// failed read.
     pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
-        let unit = w
-            .quantization("down_proj.weight")
-            .map_or(1, |(group_size, _)| group_size);
-        let split: Vec<usize> = chunk_lengths(hidden / unit, w.comm().size())
-            .iter()
-            .map(|c| c * unit)
-            .collect();
+        let split = Self::hidden_split(w, hidden);
         let rows = |name: &str| load_rows(w, name, [hidden, dim], &split, s);
         Ok(Self {
             gate: rows("gate_proj.weight")?,
             up: rows("up_proj.weight")?,
             down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
         })
+    }
+
+    /// As [`load`](Self::load) for a checkpoint whose gate and up are one
+    /// tensor `fused` `[2 H, D]`, gate's rows then up's (Phi-3's
+    /// `gate_up_proj.weight`): each rank reads only its rows of each half.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn load_fused(
+        w: &Weights,
+        fused: &str,
+        (dim, hidden): (usize, usize),
+        s: &Stream,
+    ) -> Result<Self> {
+        let split = Self::hidden_split(w, hidden);
+        let (first, count) = part_of(&split, w.comm().rank());
+        let half = |offset: usize| {
+            load_row_block(
+                w,
+                fused,
+                [2 * hidden, dim],
+                (offset + first, count),
+                &split,
+                s,
+            )
+        };
+        Ok(Self {
+            gate: half(0)?,
+            up: half(hidden)?,
+            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
+        })
+    }
+
+    /// Every rank's hidden columns: the chunk rule applied to `down`'s
+    /// quantization groups (to elements when it is float).
+    fn hidden_split(w: &Weights, hidden: usize) -> Vec<usize> {
+        let unit = w
+            .quantization("down_proj.weight")
+            .map_or(1, |(group_size, _)| group_size);
+        chunk_lengths(hidden / unit, w.comm().size())
+            .iter()
+            .map(|c| c * unit)
+            .collect()
     }
 
     /// This rank's part of full float weights `gate`, `up` `[H, D]` and
