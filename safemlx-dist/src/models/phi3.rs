@@ -1,5 +1,6 @@
 //! Phi-3 (`model_type` `phi3`, the 4k-context form with plain RoPE): the
-//! Llama decoder of [`llama`](super::llama) with two fused tensors per
+//! Llama decoder (`models/llama.rs`, which calls this file's loaders)
+//! with two fused tensors per
 //! layer, as mlx-lm's `phi3.py` and transformers' `modeling_phi3.py` read
 //! them:
 //!
