@@ -26,7 +26,9 @@ use super::phi3;
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
-use crate::nn::{Embedding, GqaAttention, GqaConfig, KvCache, Mlp, Moe, MoeConfig, RmsNorm, Rope};
+use crate::nn::{
+    Embedding, GqaAttention, GqaConfig, KvCache, LayerKv, Mlp, Moe, MoeConfig, RmsNorm, Rope,
+};
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
 
@@ -215,15 +217,34 @@ impl Llama {
     /// Cost: `2 L + 1` all_sums of `[T, D]`.
     ///
     /// # Errors
-    /// No tokens, a token outside the vocabulary, a sequence longer than
-    /// Mistral's attention window, or an MLX error.
+    /// See [`forward_batch`](Self::forward_batch).
     pub fn forward(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
-        let x = self.hidden(tokens, cache, s)?;
+        self.forward_batch(&mut [(tokens, cache)], s)
+    }
+
+    /// A batch of sequences in one pass: each `(tokens, cache)` at its own
+    /// positions `cache.len()..`, its keys and values appended to its own
+    /// cache (made with [`new_cache`](Self::new_cache)). Sequences of any
+    /// lengths mix: prompts, continued prompts and single decode tokens.
+    /// The logits of every token, `[Σ T, V]` (this rank's vocabulary
+    /// columns), the sequences' rows in batch order. Cost: `2 L + 1`
+    /// all_sums of `[Σ T, D]` for the whole batch.
+    ///
+    /// # Errors
+    /// No sequence, a sequence without tokens, a cache made for another
+    /// model, a token outside the vocabulary, a sequence longer than
+    /// Mistral's attention window, or an MLX error.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let x = self.hidden(batch, s)?;
         self.head().logits(&self.norm.forward(&x, s)?, s)
     }
 
@@ -232,22 +253,42 @@ impl Llama {
     /// per token) then runs once instead of once per prompt token.
     ///
     /// # Errors
-    /// Those of [`forward`](Self::forward).
+    /// See [`forward_batch`](Self::forward_batch).
     pub fn forward_last(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
-        let x = self.hidden(tokens, cache, s)?;
-        let &[t, d] = x.global_shape() else {
-            return Err(Error::Shape(format!(
-                "hidden states are [T, D], got {:?}",
-                x.global_shape()
-            )));
-        };
-        let last = crate::runtime::slice_axis(x.local(), 0, (t - 1) as usize, 1, s)?;
-        let last = ShardedArray::from_local(last, x.comm(), &[1, d])?;
+        self.forward_last_batch(&mut [(tokens, cache)], s)
+    }
+
+    /// As [`forward_batch`](Self::forward_batch), but the logits of each
+    /// sequence's last position only, `[B, V]`, one row per sequence.
+    ///
+    /// # Errors
+    /// See [`forward_batch`](Self::forward_batch).
+    pub fn forward_last_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let mut end = 0;
+        let last: Vec<i32> = batch
+            .iter()
+            .map(|(tokens, _)| {
+                end += tokens.len();
+                i32::try_from(end - 1).map_err(|_| Error::ShapeOverflow { value: end })
+            })
+            .collect::<Result<_>>()?;
+        let x = self.hidden(batch, s)?;
+        let rows =
+            i32::try_from(last.len()).map_err(|_| Error::ShapeOverflow { value: last.len() })?;
+        let picked = x
+            .local()
+            .take_axis(Array::from_slice(&last, &[rows]), 0, s)?;
+        let d = x.global_shape()[1];
+        let last = ShardedArray::from_local(picked, x.comm(), &[rows, d])?;
         self.head().logits(&self.norm.forward(&last, s)?, s)
     }
 
@@ -266,32 +307,34 @@ impl Llama {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// The residual stream after the last layer, before the final norm.
+    /// The residual stream after the last layer, before the final norm:
+    /// the batch's rows.
     fn hidden(
         &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
+        batch: &mut [(&[u32], &mut KvCache)],
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
-        if tokens.is_empty() {
-            return Err(Error::Shape("the model got no tokens".to_owned()));
+        if batch.is_empty() {
+            return Err(Error::Shape("the model got no sequences".to_owned()));
         }
-        if let Some(window) = self.config.sliding_window {
-            let end = cache.len() + tokens.len();
-            if end > window {
-                return Err(Error::Model {
-                    path: self.path.clone(),
-                    message: format!(
-                        "{end} positions exceed the sliding window of {window}, which is not implemented; use at most {window} positions"
-                    ),
-                });
-            }
+        for (i, (tokens, cache)) in batch.iter().enumerate() {
+            self.check_sequence(i, tokens.len(), cache)?;
         }
-        let mut x = self.embed.forward(tokens, s)?;
-        for (layer, cache) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let attention = layer
-                .attention
-                .forward(&layer.input_norm.forward(&x, s)?, cache, s)?;
+        let all: Vec<u32> = batch
+            .iter()
+            .flat_map(|(tokens, _)| tokens.iter().copied())
+            .collect();
+        let mut x = self.embed.forward(&all, s)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            // Each sequence's rows and its cache of this layer.
+            let mut caches: Vec<(usize, &mut dyn LayerKv)> = batch
+                .iter_mut()
+                .map(|(tokens, cache)| (tokens.len(), cache.layers[i].as_mut() as &mut dyn LayerKv))
+                .collect();
+            let attention =
+                layer
+                    .attention
+                    .forward(&layer.input_norm.forward(&x, s)?, &mut caches, s)?;
             x = x.add(&attention, s)?;
             let mlp = layer
                 .mlp
@@ -299,6 +342,33 @@ impl Llama {
             x = x.add(&mlp, s)?;
         }
         Ok(x)
+    }
+
+    /// Sequence `i` of a batch, `tokens` new tokens on `cache`: some
+    /// tokens, a cache of this model's layers, within Mistral's window.
+    fn check_sequence(&self, i: usize, tokens: usize, cache: &KvCache) -> Result<()> {
+        if tokens == 0 {
+            return Err(Error::Shape(format!(
+                "sequence {i} of the batch has no tokens"
+            )));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(Error::Shape(format!(
+                "sequence {i} of the batch has a cache of {} layers for a model of {}; make it with `new_cache()`",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        match self.config.sliding_window {
+            Some(window) if cache.len() + tokens > window => Err(Error::Model {
+                path: self.path.clone(),
+                message: format!(
+                    "{} positions exceed the sliding window of {window}, which is not implemented; use at most {window} positions",
+                    cache.len() + tokens
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Bytes of this rank's weights.

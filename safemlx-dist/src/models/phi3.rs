@@ -1,8 +1,7 @@
 //! Phi-3 (`model_type` `phi3`, the 4k-context form with plain RoPE): the
-//! Llama decoder (`models/llama.rs`, which calls this file's loaders)
-//! with two fused tensors per
-//! layer, as mlx-lm's `phi3.py` and transformers' `modeling_phi3.py` read
-//! them:
+//! Llama decoder (`models/llama.rs`, which calls this file's loaders) with
+//! two fused tensors per layer, as mlx-lm's `phi3.py` and transformers'
+//! `modeling_phi3.py` read them:
 //!
 //! ```text
 //! q, k, v = split(x qkv_projᵀ, [H hd, H_kv hd, H_kv hd])   qkv_proj [(H + 2 H_kv) hd, D]

@@ -25,11 +25,12 @@ use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
 use super::head_split::HeadSplit;
-use super::kv_cache::LayerCache;
+use super::kv_cache::LayerKv;
 use super::load_linear::{load_columns, load_row_block};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
+use crate::runtime::slice_axis;
 use crate::typed::{chunk, shard_map, LinearWeight, Replicated, Sharded, ShardedArray};
 
 /// Rotary position embedding, as MLX's fused `fast::rope` applies it.
@@ -284,29 +285,27 @@ impl GqaAttention {
         weights.iter().sum::<usize>() + self.o.nbytes() + biases.chain(norms).sum::<usize>()
     }
 
-    /// Causal self-attention of the replicated tokens `x` `[T, D]` at
-    /// positions `cache.len()..`, appending their keys and values to this
-    /// rank's `cache`; the output is replicated. Cost: one `all_sum` of
-    /// `[T, D]`.
+    /// Causal self-attention of the replicated tokens `x` `[T, D]`: the
+    /// rows of a batch of sequences, each sequence's `len` rows in order,
+    /// at its positions `cache.len()..` of its own `cache`, where its keys
+    /// and values are appended (`batch` pairs each sequence's row count
+    /// with its cache of this layer). The output is replicated. Cost: one
+    /// `all_sum` of `[T, D]` for the whole batch.
     ///
     /// # Errors
-    /// `x` is not `[T, D]`, or an MLX error.
+    /// `x` is not `[T, D]`, rows that are not the batch's, or an MLX
+    /// error.
     pub fn forward(
         &self,
         x: &ShardedArray<Replicated>,
-        cache: &mut LayerCache,
+        batch: &mut [(usize, &mut dyn LayerKv)],
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
-        let &[t, d] = x.global_shape() else {
+        let rows: usize = batch.iter().map(|(len, _)| len).sum();
+        let d = self.config.dim as i32;
+        if x.global_shape() != [rows as i32, d] {
             return Err(Error::Shape(format!(
-                "attention takes tokens [T, D], got {:?}",
-                x.global_shape()
-            )));
-        };
-        if d as usize != self.config.dim {
-            return Err(Error::Shape(format!(
-                "attention takes tokens [T, {}], got {:?}",
-                self.config.dim,
+                "attention takes the batch's tokens [{rows}, {d}], got {:?}",
                 x.global_shape()
             )));
         }
@@ -323,24 +322,39 @@ impl GqaAttention {
             [&q, &k, &v],
             &norms,
             (q.global_shape(), split.as_deref()),
-            |[q, k, v], norms| self.attend([q, k, v], &norms, t, cache, s),
+            |qkv, norms| {
+                if let [(_, cache)] = batch {
+                    return self.attend(qkv, &norms, *cache, s);
+                }
+                // Each sequence attends over its own rows and cache.
+                let mut start = 0;
+                let mut outputs = Vec::with_capacity(batch.len());
+                for (len, cache) in batch.iter_mut() {
+                    let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
+                    let [q, k, v] = &qkv;
+                    let part = [rows(q)?, rows(k)?, rows(v)?];
+                    outputs.push(self.attend(part, &norms, *cache, s)?);
+                    start += *len;
+                }
+                Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?)
+            },
             s,
         )?;
         heads.linear(&self.o, s)?.all_sum(s)
     }
 
-    /// This rank's heads: q `[T, heads * hd]`, k and v `[T, kv * hd]` to
-    /// the attention output `[T, heads * hd]`, after the q/k norms (when
-    /// `norms` has them) and the rotation, with the keys and values
-    /// appended to `cache`.
+    /// One sequence's heads on this rank: q `[T, heads * hd]`, k and v
+    /// `[T, kv * hd]` to the attention output `[T, heads * hd]`, after the
+    /// q/k norms (when `norms` has them) and the rotation, with the keys
+    /// and values appended to `cache`.
     fn attend(
         &self,
         [q, k, v]: [Array; 3],
         norms: &[Array],
-        t: i32,
-        cache: &mut LayerCache,
+        cache: &mut dyn LayerKv,
         s: &Stream,
     ) -> Result<Array> {
+        let t = q.shape()[0];
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
         if heads == 0 && !crate::grad::is_tracing() {

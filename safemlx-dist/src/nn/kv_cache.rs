@@ -1,6 +1,13 @@
 //! The KV cache: each rank keeps the keys and values of its own KV heads.
 //!
-//! Each layer's cache is a buffer `[1, kv_heads, capacity, head_dim]` that
+//! [`LayerKv`] is one layer's cache of one sequence, as attention uses it:
+//! positions held, append, and what it holds. [`LayerCache`], the per-head
+//! cache below, is today's implementation; a sliding-window cache (only
+//! the window kept), a latent cache (DeepSeek's compressed keys) and a
+//! pipeline stage's cache (only its layers) are others. A sequence's
+//! cache, [`KvCache`], is one per layer; a batch is one per sequence.
+//!
+//! Each [`LayerCache`] is a buffer `[1, kv_heads, capacity, head_dim]` that
 //! grows by [`STEP`] positions at a time; new positions are written into it
 //! with a slice update (MLX updates in place when nothing else holds the
 //! buffer), so a decode step does not copy the whole cache.
@@ -13,7 +20,33 @@ use crate::error::{Error, Result};
 /// Positions added to a layer's buffers when they are full.
 pub const STEP: i32 = 256;
 
-/// One layer's keys and values on this rank.
+/// One layer's cache of one sequence on this rank.
+pub trait LayerKv: std::fmt::Debug + Send {
+    /// Positions cached.
+    fn len(&self) -> usize;
+
+    /// Whether nothing is cached yet.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    fn nbytes(&self) -> usize;
+
+    /// Counts `t` positions without keeping keys or values: what a rank
+    /// that holds no query head does (no query of its reads them), so that
+    /// its positions agree with the other ranks'.
+    fn skip(&mut self, t: usize);
+
+    /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns the
+    /// keys and values attention reads, `[1, kv_heads, S, head_dim]`.
+    ///
+    /// # Errors
+    /// `k` and `v` of other shapes than the cached ones, or an MLX error.
+    fn append(&mut self, k: &Array, v: &Array, s: &Stream) -> Result<(Array, Array)>;
+}
+
+/// One layer's keys and values on this rank: every position, per KV head.
 #[derive(Debug, Default)]
 pub struct LayerCache {
     keys: Option<Array>,
@@ -21,19 +54,13 @@ pub struct LayerCache {
     len: usize,
 }
 
-impl LayerCache {
-    /// Positions cached.
-    pub fn len(&self) -> usize {
+impl LayerKv for LayerCache {
+    fn len(&self) -> usize {
         self.len
     }
 
-    /// Whether nothing is cached yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of the buffers (their capacity, not just what is filled).
-    pub fn nbytes(&self) -> usize {
+    /// The buffers' capacity, not just what is filled.
+    fn nbytes(&self) -> usize {
         [&self.keys, &self.values]
             .iter()
             .filter_map(|a| a.as_ref())
@@ -41,19 +68,12 @@ impl LayerCache {
             .sum()
     }
 
-    /// Counts `t` positions without keeping keys or values: what a rank
-    /// that holds no query head does (no query of its reads them), so that
-    /// its positions agree with the other ranks'.
-    pub fn skip(&mut self, t: usize) {
+    fn skip(&mut self, t: usize) {
         self.len += t;
     }
 
-    /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns every
-    /// cached position's keys and values, `[1, kv_heads, len, head_dim]`.
-    ///
-    /// # Errors
-    /// `k` and `v` of other shapes than the cached ones, or an MLX error.
-    pub fn append(&mut self, k: &Array, v: &Array, s: &Stream) -> Result<(Array, Array)> {
+    /// Every cached position's keys and values.
+    fn append(&mut self, k: &Array, v: &Array, s: &Stream) -> Result<(Array, Array)> {
         let shape = k.shape().to_vec();
         let &[1, _, t, _] = shape.as_slice() else {
             return Err(Error::Shape(format!(
@@ -109,24 +129,26 @@ fn write(buffer: &mut Option<Array>, x: &Array, start: i32, end: i32, s: &Stream
     Ok(filled)
 }
 
-/// Every layer's cache on this rank.
+/// One sequence's cache on this rank: one [`LayerKv`] per layer.
 #[derive(Debug, Default)]
 pub struct KvCache {
     /// One per layer, in order.
-    pub layers: Vec<LayerCache>,
+    pub layers: Vec<Box<dyn LayerKv>>,
 }
 
 impl KvCache {
-    /// An empty cache for `layers` layers.
+    /// An empty per-head cache ([`LayerCache`]) for `layers` layers.
     pub fn new(layers: usize) -> Self {
         Self {
-            layers: (0..layers).map(|_| LayerCache::default()).collect(),
+            layers: (0..layers)
+                .map(|_| Box::new(LayerCache::default()) as Box<dyn LayerKv>)
+                .collect(),
         }
     }
 
     /// Positions cached (those of the first layer).
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, LayerCache::len)
+        self.layers.first().map_or(0, |l| l.len())
     }
 
     /// Whether nothing is cached yet.
@@ -134,8 +156,8 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// Bytes of every layer's buffers on this rank.
+    /// Bytes of every layer's cache on this rank.
     pub fn nbytes(&self) -> usize {
-        self.layers.iter().map(LayerCache::nbytes).sum()
+        self.layers.iter().map(|l| l.nbytes()).sum()
     }
 }

@@ -22,7 +22,7 @@ mod norm;
 pub use embedding::{gather_logits, Embedding};
 pub use gqa::{GqaAttention, GqaConfig, Rope};
 pub use head_split::HeadSplit;
-pub use kv_cache::{KvCache, LayerCache};
+pub use kv_cache::{KvCache, LayerCache, LayerKv};
 pub use load_linear::{load_columns, load_row_block, load_rows};
 pub use mlp::Mlp;
 pub use moe::{

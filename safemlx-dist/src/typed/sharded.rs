@@ -242,20 +242,30 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// [`sum_gradients`](crate::runtime::sum_gradients), made once per array
     /// (and its clones) so that every use shares one sum.
     pub(crate) fn summed_local(&self, s: &safemlx::Stream) -> Result<Array> {
+        self.summed_once(|x| crate::runtime::sum_gradients(x, self.comm.group(), s))
+    }
+
+    /// `sum` of the local array, made once per array and its clones while
+    /// a gradient is traced on several ranks; the local array otherwise.
+    fn summed_once(&self, sum: impl FnOnce(&Array) -> Result<Array>) -> Result<Array> {
         if !crate::runtime::is_tracing() || self.comm.size() == 1 {
             return Ok(self.local.clone());
         }
-        // The Option is valid whatever a panicking holder did: no poison.
-        let mut summed = self
-            .summed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut summed = self.summed_cell();
         if let Some(a) = summed.as_ref() {
             return Ok(a.clone());
         }
-        let a = crate::runtime::sum_gradients(&self.local, self.comm.group(), s)?;
+        let a = sum(&self.local)?;
         *summed = Some(a.clone());
         Ok(a)
+    }
+
+    /// The shared sum's cell. The Option is valid whatever a panicking
+    /// holder did: no poison.
+    fn summed_cell(&self) -> std::sync::MutexGuard<'_, Option<Array>> {
+        self.summed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The same array, its part declared one of `holders` identical copies
@@ -320,44 +330,28 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let Some(copies) = self.copies.as_deref() else {
             return Ok(self.local.clone());
         };
-        if !crate::runtime::is_tracing() || self.comm.size() == 1 {
-            return Ok(self.local.clone());
-        }
-        let mut summed = self
-            .summed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(a) = summed.as_ref() {
-            return Ok(a.clone());
-        }
-        let (_, mut shared) = crate::runtime::sum_gradients_together(
-            &[],
-            &[&self.local],
-            (copies.slot, copies.slots),
-            self.comm.group(),
-            s,
-        )?;
-        let a = shared.pop().unwrap_or_else(|| self.local.clone());
-        *summed = Some(a.clone());
-        Ok(a)
+        self.summed_once(|x| {
+            let (_, mut shared) = crate::runtime::sum_gradients_together(
+                &[],
+                &[x],
+                (copies.slot, copies.slots),
+                self.comm.group(),
+                s,
+            )?;
+            Ok(shared.pop().unwrap_or_else(|| x.clone()))
+        })
     }
 
     /// Whether this array's gradient sum was made (see
     /// [`summed_local`](Self::summed_local)).
     pub(crate) fn has_summed(&self) -> bool {
-        self.summed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
+        self.summed_cell().is_some()
     }
 
     /// Records `a` as this array's local through its gradient sum (made
     /// jointly with other arrays'), for every later use.
     pub(crate) fn set_summed(&self, a: Array) {
-        *self
-            .summed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(a);
+        *self.summed_cell() = Some(a);
     }
 
     /// Checks that `other` divides the sharded axis as this array does.
