@@ -95,6 +95,22 @@ pub enum Error {
     #[error("{0}")]
     Shape(String),
 
+    /// The tokenizer or the chat template failed: a prompt that does not
+    /// tokenize, tokens that do not decode, a template that does not
+    /// render or is missing; the message says which.
+    #[error("{0}")]
+    Tokenizer(String),
+
+    /// A sampling setting out of range (temperature, `top_p`), or logits
+    /// that cannot be sampled; the message names the value and the fix.
+    #[error("{0}")]
+    Sampling(String),
+
+    /// An environment setting that cannot be read; the message names the
+    /// variable, its value and the default.
+    #[error("{0}")]
+    Setting(String),
+
     /// A checkpoint that cannot be read or written, or lacks a tensor.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

@@ -41,12 +41,12 @@ impl Sampler {
     /// A negative or non-finite temperature, or `top_p` outside (0, 1].
     pub fn new(temperature: f32, top_p: f32, seed: u64) -> Result<Self> {
         if !temperature.is_finite() || temperature < 0.0 {
-            return Err(Error::Shape(format!(
+            return Err(Error::Sampling(format!(
                 "the temperature is {temperature}; give 0 (greedy) or a positive number"
             )));
         }
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(Error::Shape(format!(
+            return Err(Error::Sampling(format!(
                 "top_p is {top_p}; give a number in (0, 1]"
             )));
         }
@@ -75,7 +75,7 @@ impl Sampler {
         let finite = || logits.iter().enumerate().filter(|(_, v)| v.is_finite());
         let (best, &max) = finite()
             .max_by(|a, b| a.1.total_cmp(b.1))
-            .ok_or_else(|| Error::Shape("the logits hold no finite value".to_owned()))?;
+            .ok_or_else(|| Error::Sampling("the logits hold no finite value".to_owned()))?;
         if self.temperature == 0.0 {
             return Ok(best as u32);
         }
@@ -197,7 +197,7 @@ fn step(
     let row = last
         .into_evaluated()?
         .try_to_vec::<f32>()
-        .map_err(|e| Error::Shape(format!("cannot read the logits: {e}")))?;
+        .map_err(|e| Error::Sampling(format!("cannot read the logits: {e}")))?;
     sampler.sample(&row)
 }
 

@@ -200,7 +200,7 @@ impl Tokenizer {
         let encoding = self
             .inner
             .encode(text, false)
-            .map_err(|e| Error::Shape(format!("cannot tokenize the prompt: {e}")))?;
+            .map_err(|e| Error::Tokenizer(format!("cannot tokenize the prompt: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -211,7 +211,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special)
-            .map_err(|e| Error::Shape(format!("cannot decode tokens: {e}")))
+            .map_err(|e| Error::Tokenizer(format!("cannot decode tokens: {e}")))
     }
 
     /// A decoder that turns ids into text one at a time, holding back
@@ -236,7 +236,7 @@ impl Tokenizer {
     /// No chat template, or one that fails to render (the engine's message).
     pub fn apply_chat_template(&self, messages: &[(&str, &str)]) -> Result<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
-            Error::Shape("the model has no chat template; leave out --chat".to_owned())
+            Error::Tokenizer("the model has no chat template; leave out --chat".to_owned())
         })?;
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -249,8 +249,9 @@ impl Tokenizer {
                 ))
             },
         );
-        let render_error =
-            |e: minijinja::Error| Error::Shape(format!("the chat template does not render: {e}"));
+        let render_error = |e: minijinja::Error| {
+            Error::Tokenizer(format!("the chat template does not render: {e}"))
+        };
         env.add_template("chat", template).map_err(render_error)?;
         let messages: Vec<minijinja::Value> = messages
             .iter()

@@ -157,7 +157,7 @@ fn seconds_from_env(key: &str, default: Duration) -> Result<Duration> {
             .filter(|s| s.is_finite() && *s > 0.0)
             .and_then(|s| Duration::try_from_secs_f64(s).ok())
             .ok_or_else(|| {
-                Error::Shape(format!(
+                Error::Setting(format!(
                     "{key}={v:?} is not a positive number of seconds (the default is {})",
                     default.as_secs()
                 ))
