@@ -43,8 +43,9 @@ pub use ranks::{Ranks, RANK_OF_ENV};
 use crate::runtime::Backend;
 use progress::ProgressDir;
 
-/// The environment variable that tells a program which backend it was started for.
-pub const BACKEND_ENV: &str = "SAFEMLX_DIST_BACKEND";
+/// The environment variable that tells a program which backend it was
+/// started for (part of the launcher/rank contract, `runtime/contract.rs`).
+pub use crate::runtime::BACKEND_ENV;
 
 /// What a successful launch leaves to look at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -7,11 +7,13 @@
 //! A rank enters a collective when it builds it, before it runs it, so a
 //! rank stopped while its step runs has entered what its peers wait in:
 //! its heartbeat, `alive-R` (Unix milliseconds, written four times a
-//! second by a thread of its own), tells it apart.
+//! second by a thread of its own), tells it apart. The names and formats
+//! are the launcher/rank contract's (`runtime/contract.rs`).
 
 use std::path::{Path, PathBuf};
 
 use super::LaunchError;
+use crate::runtime::contract::{self, Record};
 
 /// Removes what launchers that were SIGKILLed before any rank started
 /// left in the temporary directory: `safemlx-launch-PID-N-progress`
@@ -82,7 +84,7 @@ impl ProgressDir {
     fn records(&self, ranks: usize) -> Vec<Option<Record>> {
         (0..ranks)
             .map(|r| {
-                let text = std::fs::read_to_string(self.path.join(format!("rank-{r}"))).ok()?;
+                let text = std::fs::read_to_string(contract::record_path(&self.path, r)).ok()?;
                 Record::parse(text.trim())
             })
             .collect()
@@ -97,8 +99,8 @@ impl ProgressDir {
             .unwrap_or_default();
         (0..ranks)
             .map(|r| {
-                let text = std::fs::read_to_string(self.path.join(format!("alive-{r}"))).ok()?;
-                let at: u128 = text.trim().parse().ok()?;
+                let text = std::fs::read_to_string(contract::heartbeat_path(&self.path, r)).ok()?;
+                let at = contract::parse_heartbeat(&text)?;
                 Some(u64::try_from(now.saturating_sub(at)).unwrap_or(u64::MAX))
             })
             .collect()
@@ -157,31 +159,9 @@ impl Drop for ProgressDir {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Record {
-    /// The rank's own timeout fired in it.
-    waits: bool,
-    op: String,
-    seq: u64,
-}
-
-impl Record {
-    fn parse(line: &str) -> Option<Self> {
-        let mut words = line.split_whitespace();
-        let waits = match words.next()? {
-            "entered" => false,
-            "waits" => true,
-            _ => return None,
-        };
-        let op = words.next()?.to_owned();
-        let seq = words.next()?.parse().ok()?;
-        Some(Self { waits, op, seq })
-    }
-}
-
 /// A heartbeat older than this means the rank is stopped or stuck whole
-/// (it is written every 250 ms).
-const SILENT_MS: u64 = 1500;
+/// (see `runtime/contract.rs`).
+const SILENT_MS: u64 = contract::SILENT.as_millis() as u64;
 
 /// The ranks that show no sign of life, with their silence (`None`: never
 /// a heartbeat), when some other rank shows one; none otherwise (no

@@ -32,12 +32,10 @@ use safemlx::{Array, Device, DeviceType, Stream};
 use sha2::Sha256;
 
 use super::backend::Backend;
+use super::contract::TOKEN_ENV;
 use super::native::{self, NativeGroup, Unary};
 use crate::error::{Error, Result};
 
-/// The run's secret, which every rank of a group must hold.
-/// `safemlx-launch` sets a fresh one per run unless `--env` gives one.
-pub const TOKEN_ENV: &str = "SAFEMLX_DIST_TOKEN";
 /// The fewest characters a secret may have.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// What every proof starts with (protocol and version).

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::progress;
+use super::{contract, progress};
 
 /// When the current wait began (milliseconds since [`epoch`], at least 1);
 /// 0 when the process waits on nothing.
@@ -63,9 +63,9 @@ pub(crate) fn watch() {
     START.call_once(|| {
         epoch();
         // Validated by `init` already; the defaults if they were not.
-        let limit = progress::timeout_from_env().unwrap_or(progress::DEFAULT_TIMEOUT);
+        let limit = progress::timeout_from_env().unwrap_or(contract::DEFAULT_TIMEOUT);
         let join = progress::join_timeout_from_env()
-            .unwrap_or_else(|_| limit.max(progress::MIN_JOIN_TIMEOUT));
+            .unwrap_or_else(|_| limit.max(contract::MIN_JOIN_TIMEOUT));
         let spawned = std::thread::Builder::new()
             .name("safemlx-dist-deadline".to_owned())
             .spawn(move || watch_loop(limit, join));
@@ -84,7 +84,7 @@ fn watch_loop(limit: Duration, join: Duration) {
             progress::heartbeat();
         }
         tick = tick.wrapping_add(1);
-        std::thread::sleep(Duration::from_millis(125));
+        std::thread::sleep(contract::HEARTBEAT / 2);
         let since = SINCE_MS.load(Ordering::Acquire);
         if since == 0 {
             continue;

@@ -15,9 +15,7 @@ use std::io::Write;
 use std::sync::Once;
 use std::time::Duration;
 
-/// The launcher's identity, `PID:START` (START from `/proc/PID/stat`), set
-/// for the ranks it starts.
-pub const LAUNCHER_ENV: &str = "SAFEMLX_DIST_LAUNCHER";
+use super::contract::LAUNCHER_ENV;
 
 /// `PID:START` of this process, for [`LAUNCHER_ENV`].
 pub(crate) fn this_launcher() -> String {

@@ -6,6 +6,7 @@ mod backend;
 mod backend_env;
 mod collectives;
 mod composed;
+pub(crate) mod contract;
 mod deadline;
 mod eval;
 mod exchange;
@@ -22,11 +23,15 @@ mod slicing;
 mod validate;
 
 pub(crate) use admission::hex;
-pub use admission::{new_token, TOKEN_ENV};
+pub use admission::new_token;
 pub use backend::{is_available, Backend};
 pub(crate) use backend_env::restore_for_child;
 pub use collectives::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, recv, recv_like, send, sum_scatter,
+};
+pub use contract::{
+    BACKEND_ENV, DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, LAUNCHER_ENV, MIN_JOIN_TIMEOUT,
+    PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT, TOKEN_ENV,
 };
 pub use eval::eval;
 pub(crate) use eval::read_back;
@@ -35,12 +40,7 @@ pub(crate) use gradient_sum::{sum_gradients_together, Tracing};
 pub use group::Group;
 pub use join::init;
 pub(crate) use launcher_watch::this_launcher;
-pub use launcher_watch::LAUNCHER_ENV;
 pub use lowering::{Lowering, LOWERING_ENV};
 pub(crate) use native::take_vjp_error;
 pub use profile::{CollectiveProfile, CollectiveTime};
-pub use progress::{
-    DEFAULT_TIMEOUT, JOIN_TIMEOUT_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV,
-    TIMEOUT_EXIT,
-};
 pub(crate) use slicing::slice_axis;

@@ -27,22 +27,11 @@ use std::time::Duration;
 
 use safemlx::Array;
 
+use super::contract::{
+    heartbeat_line, heartbeat_path, rank_from_env, record_path, Record, DEFAULT_TIMEOUT,
+    JOIN_TIMEOUT_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT,
+};
 use crate::error::{Error, Result};
-
-/// Seconds a wait on a collective may last (default: 600).
-pub const TIMEOUT_ENV: &str = "SAFEMLX_DIST_TIMEOUT";
-/// Seconds joining a group may last (default: the collective timeout, at
-/// least [`MIN_JOIN_TIMEOUT`]): joining also waits for the slowest rank to
-/// start.
-pub const JOIN_TIMEOUT_ENV: &str = "SAFEMLX_DIST_JOIN_TIMEOUT";
-/// The shortest default bound on joining a group: one minute.
-pub const MIN_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
-/// The directory where each rank writes its progress (set by the launcher).
-pub const PROGRESS_DIR_ENV: &str = "SAFEMLX_DIST_PROGRESS_DIR";
-/// The exit status of a rank whose collective timed out (as `timeout(1)`'s).
-pub const TIMEOUT_EXIT: i32 = 124;
-/// The default timeout: 10 minutes.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The name of the lowering agreement's `all_max` in progress records.
 pub(crate) const AGREEMENT: &str = "lowering_agreement";
@@ -61,6 +50,16 @@ struct Entered {
 }
 
 impl Entered {
+    /// Its progress record (see `contract.rs`).
+    fn record(&self, waits: bool) -> String {
+        let record = Record {
+            waits,
+            op: self.op.to_owned(),
+            seq: self.seq,
+        };
+        record.line(&self.describe())
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} #{} (group of {}, {:?} {:?})",
@@ -91,14 +90,6 @@ fn state() -> MutexGuard<'static, State> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// This process's rank as its launcher set it (`MLX_RANK` for ring, Open
-/// MPI's `OMPI_COMM_WORLD_RANK`), before it joins its group.
-fn rank_from_env() -> Option<usize> {
-    ["MLX_RANK", "OMPI_COMM_WORLD_RANK"]
-        .iter()
-        .find_map(|key| std::env::var(key).ok()?.trim().parse().ok())
-}
-
 /// Opens the heartbeat file of `rank` (once) when the launcher asked for
 /// progress files.
 fn open_alive(state: &mut State, rank: usize) {
@@ -106,7 +97,7 @@ fn open_alive(state: &mut State, rank: usize) {
         return;
     }
     if let Some(dir) = std::env::var_os(PROGRESS_DIR_ENV) {
-        state.alive = File::create(PathBuf::from(dir).join(format!("alive-{rank}"))).ok();
+        state.alive = File::create(heartbeat_path(&PathBuf::from(dir), rank)).ok();
     }
 }
 
@@ -125,7 +116,7 @@ pub(crate) fn heartbeat() {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let _ = file.write_at(format!("{now:>20}\n").as_bytes(), 0);
+        let _ = file.write_at(heartbeat_line(now).as_bytes(), 0);
     }
 }
 
@@ -178,8 +169,7 @@ pub(crate) fn joined(rank: usize, size: usize) {
         }
         state.rank = Some(rank);
         if let Some(dir) = std::env::var_os(PROGRESS_DIR_ENV) {
-            let path = PathBuf::from(dir).join(format!("rank-{rank}"));
-            state.file = File::create(path).ok();
+            state.file = File::create(record_path(&PathBuf::from(dir), rank)).ok();
         }
         open_alive(&mut state, rank);
     }
@@ -201,15 +191,7 @@ pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array
             shape: input.shape().to_vec(),
             dtype: input.dtype(),
         };
-        write(
-            &state,
-            &format!(
-                "entered {} {} {}",
-                entered.op,
-                entered.seq,
-                entered.describe()
-            ),
-        );
+        write(&state, &entered.record(false));
         state.last = Some(entered);
     }
 }
@@ -233,10 +215,7 @@ pub(crate) fn expire(timeout: Duration) -> ! {
     let (rank, last) = {
         let state = state();
         if let Some(last) = &state.last {
-            write(
-                &state,
-                &format!("waits {} {} {}", last.op, last.seq, last.describe()),
-            );
+            write(&state, &last.record(true));
         }
         (state.rank, state.last.clone())
     };
@@ -263,7 +242,12 @@ pub(crate) fn expire_joining(timeout: Duration) -> ! {
     let rank = rank_from_env().map_or("?".to_owned(), |r| r.to_string());
     {
         let state = state();
-        write(&state, "waits joining 0 its group");
+        let joining = Record {
+            waits: true,
+            op: "joining".to_owned(),
+            seq: 0,
+        };
+        write(&state, &joining.line("its group"));
     }
     let line = format!(
         "safemlx-dist: rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run. Exiting with status {TIMEOUT_EXIT}; set {JOIN_TIMEOUT_ENV} (seconds) to wait longer\n",

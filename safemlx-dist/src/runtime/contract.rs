@@ -1,0 +1,145 @@
+//! The launcher/rank contract, in one place: what a launcher puts in a
+//! rank's environment, what a rank writes for its launcher, and how the
+//! launcher reads it back.
+//!
+//! | direction | what | where |
+//! |---|---|---|
+//! | launcher -> rank | the run's secret | [`TOKEN_ENV`] |
+//! | launcher -> rank | the launcher's `PID:START`, watched by the rank (it exits when its launcher is gone) | [`LAUNCHER_ENV`] |
+//! | launcher -> rank | the progress directory | [`PROGRESS_DIR_ENV`] |
+//! | launcher -> rank | the rank before it joins (ring, Open MPI) | [`RANK_ENVS`] |
+//! | launcher -> rank | the backend it was started for | [`BACKEND_ENV`] |
+//! | user -> rank | the collective and join timeouts | [`TIMEOUT_ENV`], [`JOIN_TIMEOUT_ENV`] |
+//! | rank -> launcher | its last collective, one [`Record`] rewritten in place | `rank-R` ([`record_path`]) |
+//! | rank -> launcher | its heartbeat, Unix milliseconds every [`HEARTBEAT`] | `alive-R` ([`heartbeat_path`]) |
+//! | rank -> launcher | a wait that timed out | exit status [`TIMEOUT_EXIT`] |
+//!
+//! The rank's side (the progress records, the watchdog thread that writes
+//! the heartbeat and ends a wait past its timeout, the launcher watch) is
+//! in `progress.rs`, `deadline.rs` and `launcher_watch.rs`; the launcher's
+//! (reading the records and heartbeats after a timeout) in
+//! `launch/progress.rs`. Both use only what is here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Seconds a wait on a collective may last (default: 600).
+pub const TIMEOUT_ENV: &str = "SAFEMLX_DIST_TIMEOUT";
+/// Seconds joining a group may last (default: the collective timeout, at
+/// least [`MIN_JOIN_TIMEOUT`]): joining also waits for the slowest rank to
+/// start.
+pub const JOIN_TIMEOUT_ENV: &str = "SAFEMLX_DIST_JOIN_TIMEOUT";
+/// The shortest default bound on joining a group: one minute.
+pub const MIN_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// The directory where each rank writes its progress (set by the launcher).
+pub const PROGRESS_DIR_ENV: &str = "SAFEMLX_DIST_PROGRESS_DIR";
+/// The exit status of a rank whose collective timed out (as `timeout(1)`'s).
+pub const TIMEOUT_EXIT: i32 = 124;
+/// The default timeout: 10 minutes.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The run's secret, which every rank of a group must hold and proves to
+/// its peers at init. `safemlx-launch` sets a fresh one per run unless
+/// `--env` gives one.
+pub const TOKEN_ENV: &str = "SAFEMLX_DIST_TOKEN";
+/// The launcher's identity, `PID:START` (START from `/proc/PID/stat`), set
+/// for the ranks it starts.
+pub const LAUNCHER_ENV: &str = "SAFEMLX_DIST_LAUNCHER";
+/// The backend a rank was started for (`ring`, `mpi`).
+pub const BACKEND_ENV: &str = "SAFEMLX_DIST_BACKEND";
+/// Where a rank finds its rank before it joins: MLX's ring launcher's
+/// variable, then Open MPI's.
+pub const RANK_ENVS: [&str; 2] = ["MLX_RANK", "OMPI_COMM_WORLD_RANK"];
+/// How often a rank writes its heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+/// A heartbeat older than this means the rank is stopped or stuck whole
+/// (six missed heartbeats).
+pub const SILENT: Duration = Duration::from_millis(1500);
+
+/// This process's rank as its launcher set it ([`RANK_ENVS`]), before it
+/// joins its group.
+pub(crate) fn rank_from_env() -> Option<usize> {
+    RANK_ENVS
+        .iter()
+        .find_map(|key| std::env::var(key).ok()?.trim().parse().ok())
+}
+
+/// The progress record of `rank` in the progress directory `dir`.
+pub(crate) fn record_path(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("rank-{rank}"))
+}
+
+/// The heartbeat file of `rank` in the progress directory `dir`.
+pub(crate) fn heartbeat_path(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("alive-{rank}"))
+}
+
+/// A heartbeat: the time `now_ms` (Unix milliseconds), padded to a fixed
+/// width so that it is rewritten in place.
+pub(crate) fn heartbeat_line(now_ms: u128) -> String {
+    format!("{now_ms:>20}\n")
+}
+
+/// The time a heartbeat file says, if it says one.
+pub(crate) fn parse_heartbeat(text: &str) -> Option<u128> {
+    text.trim().parse().ok()
+}
+
+/// A rank's last collective: `entered OP SEQ DETAIL`, or `waits OP SEQ
+/// DETAIL` once its wait there timed out.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Record {
+    /// The rank's own timeout fired in it.
+    pub(crate) waits: bool,
+    /// The collective (`all_sum`, `joining`, ...).
+    pub(crate) op: String,
+    /// Its sequence number in its group.
+    pub(crate) seq: u64,
+}
+
+impl Record {
+    /// The record's line, with `detail` (shape, dtype, group) for people.
+    pub(crate) fn line(&self, detail: &str) -> String {
+        let state = if self.waits { "waits" } else { "entered" };
+        format!("{state} {} {} {detail}", self.op, self.seq)
+    }
+
+    /// A record read back; `None` for anything else.
+    pub(crate) fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
+        let waits = match words.next()? {
+            "entered" => false,
+            "waits" => true,
+            _ => return None,
+        };
+        let op = words.next()?.to_owned();
+        let seq = words.next()?.parse().ok()?;
+        Some(Self { waits, op, seq })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_rank_writes_its_launcher_reads() {
+        let record = Record {
+            waits: true,
+            op: "all_sum".to_owned(),
+            seq: 38,
+        };
+        let line = record.line("(group of 2, [4] Float32)");
+        assert_eq!(line, "waits all_sum 38 (group of 2, [4] Float32)");
+        assert_eq!(Record::parse(&line), Some(record));
+        assert_eq!(Record::parse("garbage 1 2"), None);
+        assert_eq!(
+            parse_heartbeat(&heartbeat_line(1_733_000_000_123)),
+            Some(1_733_000_000_123)
+        );
+        assert_eq!(record_path(Path::new("/p"), 3), PathBuf::from("/p/rank-3"));
+        assert_eq!(
+            heartbeat_path(Path::new("/p"), 3),
+            PathBuf::from("/p/alive-3")
+        );
+    }
+}
