@@ -56,6 +56,7 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
     // 2 + 1, over 4 ranks 1 + 1 + 1 + 0.
     let mlp = Mlp::load(
         &Weights::new(&dir, group).pp("model.layers.1.mlp"),
+        &safemlx_dist::models::llama::MLP,
         (128, 3 * group_size),
         &s,
     )

@@ -3,7 +3,7 @@
 //! (`config_hf.rs`) or a GGUF file's metadata (`config_gguf.rs`), and its
 //! values are checked there (`config_check.rs`).
 
-use crate::nn::{ExpertPlacement, Gating, HfExpertNames};
+use crate::nn::{ExpertNames, ExpertPlacement, Gating};
 
 /// Which member of the Llama family a model is; they differ only in a few
 /// switches (see [`LlamaConfig`]).
@@ -68,7 +68,7 @@ pub struct MoeSettings {
     /// their names.
     pub block: &'static str,
     /// The per-expert tensor names.
-    pub names: HfExpertNames,
+    pub names: ExpertNames,
     /// Where the experts go when loaded (not in the checkpoint: a choice
     /// of the run; expert parallel by default).
     pub placement: ExpertPlacement,

@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::config::{Family, LlamaConfig, MoeSettings, RopeScaling};
 use crate::error::{Error, Result};
-use crate::nn::{ExpertPlacement, Gating, HfExpertNames};
+use crate::nn::{ExpertPlacement, Gating};
 
 impl LlamaConfig {
     /// Reads a Hugging Face `config.json` (`path` is for messages).
@@ -139,7 +139,7 @@ impl LlamaConfig {
                 sparse_step: 1,
                 mlp_only_layers: Vec::new(),
                 block: "block_sparse_moe.",
-                names: HfExpertNames::MIXTRAL,
+                names: super::llama::MIXTRAL_EXPERTS,
                 placement: ExpertPlacement::ExpertParallel,
             }),
             Family::Qwen2Moe | Family::Qwen3Moe => {
@@ -177,7 +177,7 @@ impl LlamaConfig {
                     sparse_step: int("decoder_sparse_step")?.unwrap_or(1).max(1),
                     mlp_only_layers,
                     block: "mlp.",
-                    names: HfExpertNames::QWEN,
+                    names: super::llama::QWEN_EXPERTS,
                     placement: ExpertPlacement::ExpertParallel,
                 })
             }

@@ -27,7 +27,8 @@ use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::nn::{
-    Embedding, GqaAttention, GqaConfig, KvCache, LayerKv, Mlp, Moe, MoeConfig, RmsNorm, Rope,
+    AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, KvCache, LayerKv, Mlp,
+    MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
 };
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
@@ -155,6 +156,10 @@ impl Llama {
             rope: rope(c),
         };
         let norm = |w: &Weights| RmsNorm::load(w, d, c.rms_norm_eps, s);
+        let (attention_names, mlp_names) = match c.family {
+            Family::Phi3 => (&phi3::ATTENTION, &phi3::MLP),
+            _ => (&ATTENTION, &MLP),
+        };
         // The embedding first: its shape says whether this is the model
         // the configuration describes.
         let embed = Embedding::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s)?;
@@ -163,15 +168,15 @@ impl Llama {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
                     Some(m) if m.is_moe_layer(i) => FeedForward::Moe(moe(&w, c, m, s)?),
-                    _ => FeedForward::Dense(Box::new(match c.family {
-                        Family::Phi3 => phi3::mlp(&w.pp("mlp"), (d, c.intermediate_size), s)?,
-                        _ => Mlp::load(&w.pp("mlp"), (d, c.intermediate_size), s)?,
-                    })),
+                    _ => FeedForward::Dense(Box::new(Mlp::load(
+                        &w.pp("mlp"),
+                        mlp_names,
+                        (d, c.intermediate_size),
+                        s,
+                    )?)),
                 };
-                let attention = match c.family {
-                    Family::Phi3 => phi3::attention(&w.pp("self_attn"), &attention, s)?,
-                    _ => GqaAttention::load(&w.pp("self_attn"), &attention, s)?,
-                };
+                let attention =
+                    GqaAttention::load(&w.pp("self_attn"), attention_names, &attention, s)?;
                 Ok(DecoderLayer {
                     input_norm: norm(&w.pp("input_layernorm"))?,
                     attention,
@@ -388,6 +393,47 @@ impl Llama {
         self.embed.nbytes() + layers + norms(&self.norm) + head
     }
 }
+
+/// The Llama family's attention tensors under `self_attn`.
+pub const ATTENTION: AttentionNames = AttentionNames {
+    qkv: Qkv::Separate(["q_proj", "k_proj", "v_proj"]),
+    o: "o_proj",
+    q_norm: "q_norm",
+    k_norm: "k_norm",
+};
+
+/// The Llama family's MLP tensors under `mlp` (and Qwen2-MoE's shared
+/// expert under `mlp.shared_expert`).
+pub const MLP: MlpNames = MlpNames {
+    gate_up: GateUp::Separate(["gate_proj", "up_proj"]),
+    down: "down_proj",
+};
+
+/// Mixtral's `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2`
+/// (down).
+pub(super) const MIXTRAL_EXPERTS: ExpertNames = ExpertNames {
+    router: "gate.weight",
+    experts: "experts",
+    stacked: ("experts.gate_up_proj", "experts.down_proj"),
+    gate: "w1",
+    up: "w3",
+    down: "w2",
+    shared: ("shared_expert", MLP),
+    shared_gate: "shared_expert_gate",
+};
+
+/// Qwen2-MoE's and Qwen3-MoE's `mlp.experts.{e}.gate_proj`, `up_proj`,
+/// `down_proj`, and Qwen2-MoE's shared expert.
+pub(super) const QWEN_EXPERTS: ExpertNames = ExpertNames {
+    router: "gate.weight",
+    experts: "experts",
+    stacked: ("experts.gate_up_proj", "experts.down_proj"),
+    gate: "gate_proj",
+    up: "up_proj",
+    down: "down_proj",
+    shared: ("shared_expert", MLP),
+    shared_gate: "shared_expert_gate",
+};
 
 /// The MoE block of a layer (`w` at `model.layers.{i}`): Mixtral's
 /// `block_sparse_moe`, or `mlp` (Qwen's, and Mixtral's in Transformers 5).

@@ -1,5 +1,5 @@
 //! Phi-3 (`model_type` `phi3`, the 4k-context form with plain RoPE): the
-//! Llama decoder (`models/llama.rs`, which calls this file's loaders) with
+//! Llama decoder (`models/llama.rs`, which reads this file's names) with
 //! two fused tensors per layer, as mlx-lm's `phi3.py` and transformers'
 //! `modeling_phi3.py` read them:
 //!
@@ -15,12 +15,9 @@
 //! (`rope_scaling` of type `longrope` or `su`, the 128k form) is refused
 //! by the configuration reader with the supported scalings named.
 
-use safemlx::Stream;
 use serde_json::Value;
 
-use crate::checkpoint::Weights;
-use crate::error::Result;
-use crate::nn::{GqaAttention, GqaConfig, Mlp};
+use crate::nn::{AttentionNames, GateUp, MlpNames, Qkv};
 
 /// What a Phi-3 `config.json` may say that the Llama reader does not
 /// read: a rotation of part of each head.
@@ -36,20 +33,16 @@ pub(super) fn check_config(json: &Value) -> std::result::Result<(), String> {
     }
 }
 
-/// This rank's heads of the layer's attention: its rows of each third of
-/// `qkv_proj.weight`, its columns of `o_proj.weight`.
-///
-/// # Errors
-/// As [`GqaAttention::load_fused`].
-pub(super) fn attention(w: &Weights, config: &GqaConfig, s: &Stream) -> Result<GqaAttention> {
-    GqaAttention::load_fused(w, "qkv_proj.weight", config, s)
-}
+/// A layer's attention under `self_attn`: q, k and v in `qkv_proj`.
+pub(super) const ATTENTION: AttentionNames = AttentionNames {
+    qkv: Qkv::Fused("qkv_proj"),
+    o: "o_proj",
+    q_norm: "q_norm",
+    k_norm: "k_norm",
+};
 
-/// This rank's hidden columns of the layer's MLP: its rows of each half of
-/// `gate_up_proj.weight`, its columns of `down_proj.weight`.
-///
-/// # Errors
-/// As [`Mlp::load_fused`].
-pub(super) fn mlp(w: &Weights, dims: (usize, usize), s: &Stream) -> Result<Mlp> {
-    Mlp::load_fused(w, "gate_up_proj.weight", dims, s)
-}
+/// A layer's MLP under `mlp`: gate and up in `gate_up_proj`.
+pub(super) const MLP: MlpNames = MlpNames {
+    gate_up: GateUp::Fused("gate_up_proj"),
+    down: "down_proj",
+};

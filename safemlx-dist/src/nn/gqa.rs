@@ -86,6 +86,32 @@ pub struct GqaConfig {
     pub rope: Rope,
 }
 
+/// Where an attention layer's tensors are under its prefix: stems, read
+/// as `{stem}.weight` (and `{stem}.bias`). Each model family names its
+/// own (`models/`); `nn` knows only the layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionNames {
+    /// q, k and v.
+    pub qkv: Qkv,
+    /// The output projection `[D, H hd]`.
+    pub o: &'static str,
+    /// The per-head query norm `[hd]`, when the configuration has q/k norms.
+    pub q_norm: &'static str,
+    /// The per-head key norm `[hd]`.
+    pub k_norm: &'static str,
+}
+
+/// How a checkpoint stores q, k and v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Qkv {
+    /// Three tensors `[H hd, D]`, `[H_kv hd, D]`, `[H_kv hd, D]`.
+    Separate([&'static str; 3]),
+    /// One tensor `[(H + 2 H_kv) hd, D]`: the query heads' rows, then the
+    /// keys', then the values' (Phi-3's `qkv_proj`). Each rank reads only
+    /// its heads' rows of each third.
+    Fused(&'static str),
+}
+
 /// One rank's part of a grouped-query attention layer: its heads' rows of
 /// q, k and v (`[out, D]`, float or quantized), their biases, and its
 /// heads' columns of the output projection; the q/k norm weights on every
@@ -182,33 +208,23 @@ impl HeadRows {
 }
 
 impl GqaAttention {
-    /// Reads this rank's heads of `{q,k,v,o}_proj.weight` (`[out, in]`),
-    /// the biases and the `q_norm`/`k_norm` weights when the configuration
-    /// has them: only this rank's rows of q, k, v and its columns of o.
-    /// Tensors the checkpoint stores quantized stay quantized.
+    /// Reads this rank's heads of the tensors `names` gives (`[out, in]`,
+    /// `.weight`, and `.bias` when the configuration has biases), and the
+    /// q/k norm weights when it has them: only this rank's rows of q, k,
+    /// v (of each third of a fused tensor) and its columns of o. Tensors
+    /// the checkpoint stores quantized stay quantized.
     ///
     /// # Errors
     /// A head split that cannot be (see [`HeadSplit::new`]), a missing
     /// tensor, a tensor whose shape disagrees with the configuration (the
     /// message names it), or a quantized output projection whose heads
     /// cut its quantization groups.
-    pub fn load(w: &Weights, config: &GqaConfig, s: &Stream) -> Result<Self> {
-        Self::read(w, config, None, s)
-    }
-
-    /// As [`load`](Self::load) for a checkpoint whose q, k and v are one
-    /// tensor `fused` `[(H + 2 H_kv) hd, D]`, the query heads' rows, then
-    /// the keys', then the values' (Phi-3's `qkv_proj.weight`; its bias,
-    /// when the configuration has one, is `fused` with `.bias` for
-    /// `.weight`). Each rank reads only its heads' rows of each part.
-    ///
-    /// # Errors
-    /// As [`load`](Self::load).
-    pub fn load_fused(w: &Weights, fused: &str, config: &GqaConfig, s: &Stream) -> Result<Self> {
-        Self::read(w, config, Some(fused), s)
-    }
-
-    fn read(w: &Weights, config: &GqaConfig, fused: Option<&str>, s: &Stream) -> Result<Self> {
+    pub fn load(
+        w: &Weights,
+        names: &AttentionNames,
+        config: &GqaConfig,
+        s: &Stream,
+    ) -> Result<Self> {
         let comm = w.comm();
         let split = HeadSplit::new(config.heads, config.kv_heads, comm.rank(), comm.size())?;
         let [query, kv] = HeadRows::of(config, &split, comm.size())?;
@@ -216,19 +232,15 @@ impl GqaAttention {
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
         // Each part's weight and bias tensors, its first row there, and
         // the tensors' rows.
-        let (names, offsets, rows) = match fused {
-            None => (
-                ["q_proj", "k_proj", "v_proj"].map(str::to_owned),
-                [0; 3],
-                [q_out, kv_out, kv_out],
-            ),
-            Some(name) => (
-                [(); 3].map(|()| name.strip_suffix(".weight").unwrap_or(name).to_owned()),
+        let (stems, offsets, rows) = match names.qkv {
+            Qkv::Separate(stems) => (stems, [0; 3], [q_out, kv_out, kv_out]),
+            Qkv::Fused(stem) => (
+                [stem; 3],
                 [0, q_out, q_out + kv_out],
                 [q_out + 2 * kv_out; 3],
             ),
         };
-        let part = |i: usize, suffix: &str| (format!("{}.{suffix}", names[i]), offsets[i]);
+        let part = |i: usize, suffix: &str| (format!("{}.{suffix}", stems[i]), offsets[i]);
         let weight = |rows_of: &HeadRows, i: usize| {
             let (name, offset) = part(i, "weight");
             rows_of.weight(w, (&name, offset), [rows[i], d], s)
@@ -253,12 +265,18 @@ impl GqaAttention {
             q: weight(&query, 0)?,
             k: weight(&kv, 1)?,
             v: weight(&kv, 2)?,
-            o: load_columns(w, "o_proj.weight", [d, q_out], &query.split, s)?,
+            o: load_columns(
+                w,
+                &format!("{}.weight", names.o),
+                [d, q_out],
+                &query.split,
+                s,
+            )?,
             q_bias: bias(&query, 0)?,
             k_bias: bias(&kv, 1)?,
             v_bias: bias(&kv, 2)?,
-            q_norm: norm("q_norm.weight")?,
-            k_norm: norm("k_norm.weight")?,
+            q_norm: norm(&format!("{}.weight", names.q_norm))?,
+            k_norm: norm(&format!("{}.weight", names.k_norm))?,
         })
     }
 

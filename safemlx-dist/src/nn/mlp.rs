@@ -9,6 +9,26 @@ use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::typed::{chunk_lengths, LinearWeight, Partial, Replicated, Sharded, ShardedArray};
 
+/// Where an MLP's tensors are under its prefix: stems, read as
+/// `{stem}.weight`. Each model family names its own (`models/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlpNames {
+    /// Gate and up.
+    pub gate_up: GateUp,
+    /// Down `[D, H]`.
+    pub down: &'static str,
+}
+
+/// How a checkpoint stores an MLP's gate and up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateUp {
+    /// Two tensors `[H, D]`: gate, up.
+    Separate([&'static str; 2]),
+    /// One tensor `[2 H, D]`, gate's rows then up's (Phi-3's
+    /// `gate_up_proj`). Each rank reads only its rows of each half.
+    Fused(&'static str),
+}
+
 /// `down(silu(x gateᵀ) * (x upᵀ))` with the weights `[out, in]` as
 /// checkpoints store them, float or quantized ([`LinearWeight`]): `gate`
 /// and `up` `[H, D]` split by rows (column parallel), `down` `[D, H]` by
@@ -32,61 +52,50 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Reads this rank's part of `gate_proj.weight`, `up_proj.weight`
-    /// (`[H, D]`) and `down_proj.weight` (`[D, H]`), for `D` = `dim` and
-    /// `H` = `hidden`: only its rows of gate and up and its columns of
-    /// down. Tensors the checkpoint stores quantized stay quantized.
+    /// Reads this rank's part of the tensors `names` gives: gate and up
+    /// (`[H, D]` each, or one fused `[2 H, D]`) and down (`[D, H]`), for
+    /// `D` = `dim` and `H` = `hidden`: only its rows of gate and up (of
+    /// each half of a fused tensor) and its columns of down. Tensors the
+    /// checkpoint stores quantized stay quantized.
     ///
     /// # Errors
     /// A missing tensor, one whose shape is not the configuration's, or a
     /// failed read.
-    pub fn load(w: &Weights, (dim, hidden): (usize, usize), s: &Stream) -> Result<Self> {
-        let split = Self::hidden_split(w, hidden);
-        let rows = |name: &str| load_rows(w, name, [hidden, dim], &split, s);
-        Ok(Self {
-            gate: rows("gate_proj.weight")?,
-            up: rows("up_proj.weight")?,
-            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
-        })
-    }
-
-    /// As [`load`](Self::load) for a checkpoint whose gate and up are one
-    /// tensor `fused` `[2 H, D]`, gate's rows then up's (Phi-3's
-    /// `gate_up_proj.weight`): each rank reads only its rows of each half.
-    ///
-    /// # Errors
-    /// As [`load`](Self::load).
-    pub fn load_fused(
+    pub fn load(
         w: &Weights,
-        fused: &str,
+        names: &MlpNames,
         (dim, hidden): (usize, usize),
         s: &Stream,
     ) -> Result<Self> {
-        let split = Self::hidden_split(w, hidden);
+        let down = format!("{}.weight", names.down);
+        let split = Self::hidden_split(w, &down, hidden);
         let (first, count) = part_of(&split, w.comm().rank());
-        let half = |offset: usize| {
-            load_row_block(
-                w,
-                fused,
-                [2 * hidden, dim],
-                (offset + first, count),
-                &split,
-                s,
-            )
+        let (gate, up) = match names.gate_up {
+            GateUp::Separate([gate, up]) => {
+                let rows =
+                    |stem: &str| load_rows(w, &format!("{stem}.weight"), [hidden, dim], &split, s);
+                (rows(gate)?, rows(up)?)
+            }
+            GateUp::Fused(stem) => {
+                let name = format!("{stem}.weight");
+                let half = |offset: usize| {
+                    let rows = (offset + first, count);
+                    load_row_block(w, &name, [2 * hidden, dim], rows, &split, s)
+                };
+                (half(0)?, half(hidden)?)
+            }
         };
         Ok(Self {
-            gate: half(0)?,
-            up: half(hidden)?,
-            down: load_columns(w, "down_proj.weight", [dim, hidden], &split, s)?,
+            gate,
+            up,
+            down: load_columns(w, &down, [dim, hidden], &split, s)?,
         })
     }
 
     /// Every rank's hidden columns: the chunk rule applied to `down`'s
     /// quantization groups (to elements when it is float).
-    fn hidden_split(w: &Weights, hidden: usize) -> Vec<usize> {
-        let unit = w
-            .quantization("down_proj.weight")
-            .map_or(1, |(group_size, _)| group_size);
+    fn hidden_split(w: &Weights, down: &str, hidden: usize) -> Vec<usize> {
+        let unit = w.quantization(down).map_or(1, |(group_size, _)| group_size);
         chunk_lengths(hidden / unit, w.comm().size())
             .iter()
             .map(|c| c * unit)

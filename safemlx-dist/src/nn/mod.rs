@@ -20,13 +20,13 @@ mod moe;
 mod norm;
 
 pub use embedding::{gather_logits, Embedding};
-pub use gqa::{GqaAttention, GqaConfig, Rope};
+pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache, LayerKv};
 pub use load_linear::{load_columns, load_row_block, load_rows};
-pub use mlp::Mlp;
+pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
-    ExpertMatmul, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, HfExpertNames, Moe,
+    ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, Moe,
     MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;

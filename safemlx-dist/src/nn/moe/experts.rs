@@ -8,7 +8,7 @@ use super::config::{ExpertPlacement, MoeConfig};
 use super::{Experts, Moe, SharedExperts};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::nn::Mlp;
+use crate::nn::{Mlp, MlpNames};
 use crate::runtime::Group;
 use crate::typed::{Sharded, ShardedArray};
 use safemlx_dist_macros::sharded;
@@ -176,7 +176,7 @@ impl Moe {
     /// message names it and the file.
     pub fn load_hf(
         w: &Weights,
-        names: &HfExpertNames,
+        names: &ExpertNames,
         (dim, hidden, experts): (usize, usize, usize),
         shared_hidden: Option<usize>,
         config: MoeConfig,
@@ -186,7 +186,8 @@ impl Moe {
         let group = w.comm();
         let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
         let router = w.full(names.router, &[experts, dim], s)?.transpose(s)?;
-        let expert = |e: usize, which: &str| format!("experts.{e}.{which}.weight");
+        let expert = |e: usize, which: &str| format!("{}.{e}.{which}.weight", names.experts);
+        let (stacked_gate_up, stacked_down) = names.stacked;
         // Stacks per-expert matrices into [E', a, b].
         let stack = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
             if parts.is_empty() {
@@ -198,7 +199,8 @@ impl Moe {
                 .collect::<std::result::Result<_, _>>()?;
             Ok(ops::concatenate_axis(&parts, 0, s)?)
         };
-        let (gate, up, down) = if w.contains("experts.gate_up_proj") {
+        let stacked = w.contains(stacked_gate_up);
+        let (gate, up, down) = if stacked {
             // Transformers 5's stacked experts: `experts.gate_up_proj`
             // [E, 2H, D] (gate rows, then up rows) and `experts.down_proj`
             // [E, D, H].
@@ -208,15 +210,10 @@ impl Moe {
                 // contiguous in the stacked tensor, so it is read whole.
                 ExpertPlacement::ExpertTensorParallel => (0, experts),
             };
-            let gate_up = w.rows(
-                "experts.gate_up_proj",
-                &[experts, 2 * hidden, dim],
-                &[part],
-                s,
-            )?;
+            let gate_up = w.rows(stacked_gate_up, &[experts, 2 * hidden, dim], &[part], s)?;
             let parts = gate_up.split(2, 1, s)?;
             // To [E', D, H] and [E', H, D].
-            let down = w.rows("experts.down_proj", &[experts, dim, hidden], &[part], s)?;
+            let down = w.rows(stacked_down, &[experts, dim, hidden], &[part], s)?;
             (
                 parts[0].swap_axes(1, 2, s)?,
                 parts[1].swap_axes(1, 2, s)?,
@@ -245,7 +242,7 @@ impl Moe {
                 stack(down, [width, d])?,
             )
         };
-        let experts_part = match (config.placement, w.contains("experts.gate_up_proj")) {
+        let experts_part = match (config.placement, stacked) {
             (ExpertPlacement::ExpertParallel, _) => Experts::Parallel(ExpertWeights {
                 gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
                 up: ShardedArray::from_local(up, group, &[e, d, h])?,
@@ -266,9 +263,11 @@ impl Moe {
         let shared = match shared_hidden {
             None => None,
             Some(hidden) => {
-                let mlp = Mlp::load(&w.pp("shared_expert"), (dim, hidden), s)?;
-                let gate = if w.contains("shared_expert_gate.weight") {
-                    let g = w.full("shared_expert_gate.weight", &[1, dim], s)?;
+                let (prefix, mlp_names) = names.shared;
+                let mlp = Mlp::load(&w.pp(prefix), &mlp_names, (dim, hidden), s)?;
+                let gate_name = format!("{}.weight", names.shared_gate);
+                let gate = if w.contains(&gate_name) {
+                    let g = w.full(&gate_name, &[1, dim], s)?;
                     Some(ShardedArray::replicated(g.transpose(s)?, group))
                 } else {
                     None
@@ -286,35 +285,28 @@ impl Moe {
     }
 }
 
-/// The per-expert tensor names of a Hugging Face MoE block, after
-/// `{prefix}experts.{e}.` and before `.weight`.
+/// Where an MoE block's tensors are under its prefix: the router, the
+/// per-expert tensors (`{experts}.{e}.{gate}.weight`, ...) or the stacked
+/// ones, and the shared expert. Each model family names its own
+/// (`models/`); `nn` knows only the layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HfExpertNames {
+pub struct ExpertNames {
     /// The router, after the prefix: `gate.weight`.
     pub router: &'static str,
+    /// The per-expert tensors' prefix: `experts` (then `.{e}.{gate}`, ...).
+    pub experts: &'static str,
+    /// The stacked layout's tensors (Transformers 5), gate and up `[E, 2H,
+    /// D]` and down `[E, D, H]`, read instead when the checkpoint has them.
+    pub stacked: (&'static str, &'static str),
     /// The gate projection `[H, D]`.
     pub gate: &'static str,
     /// The up projection `[H, D]`.
     pub up: &'static str,
     /// The down projection `[D, H]`.
     pub down: &'static str,
-}
-
-impl HfExpertNames {
-    /// Mixtral's `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2`
-    /// (down).
-    pub const MIXTRAL: Self = Self {
-        router: "gate.weight",
-        gate: "w1",
-        up: "w3",
-        down: "w2",
-    };
-    /// Qwen2-MoE's and Qwen3-MoE's `mlp.experts.{e}.gate_proj`, `up_proj`,
-    /// `down_proj`.
-    pub const QWEN: Self = Self {
-        router: "gate.weight",
-        gate: "gate_proj",
-        up: "up_proj",
-        down: "down_proj",
-    };
+    /// The shared expert's MLP (Qwen2-MoE's `shared_expert`), under the
+    /// block's prefix.
+    pub shared: (&'static str, MlpNames),
+    /// The shared expert's gate `[1, D]`, when the block has one.
+    pub shared_gate: &'static str,
 }

@@ -29,7 +29,7 @@ use crate::error::Result;
 use crate::typed::{Placement, Replicated, ShardedArray};
 
 pub use config::{ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
-pub use experts::{ExpertSlices, ExpertWeights, HfExpertNames};
+pub use experts::{ExpertNames, ExpertSlices, ExpertWeights};
 
 use super::Mlp;
 use crate::grad::Parameters;
