@@ -20,6 +20,11 @@
 //! ```
 
 #![warn(missing_docs)]
+// Without the `launcher` feature (default-features = false: a program that
+// only runs as a rank), the launcher's side of the launcher/rank contract
+// (`runtime/contract.rs`: the record parser, the heartbeat reader, the
+// secret's generator) is compiled but has no caller.
+#![cfg_attr(not(feature = "launcher"), allow(dead_code, unused_imports))]
 
 // `#[sharded]` expands to `::safemlx_dist::...` paths; this makes them
 // resolve inside the crate too (the parallel layers use the attribute).
@@ -29,6 +34,7 @@ pub mod checkpoint;
 mod error;
 pub mod generate;
 pub mod grad;
+#[cfg(feature = "launcher")]
 pub mod launch;
 pub mod models;
 pub mod nn;

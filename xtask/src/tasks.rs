@@ -31,6 +31,18 @@ pub fn test() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // A program that only runs as a rank builds without the launcher.
+    cmd::run(cmd::cargo(&[
+        "clippy",
+        "--release",
+        "-p",
+        "safemlx-dist",
+        "--no-default-features",
+        "--lib",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // Unit, integration, multi-process and doctests, including the book's
     // chapters, which the examples crate compiles through its
     // `#[cfg(doctest)]` module (see `examples/book.rs`).
