@@ -20,8 +20,8 @@
 
 use safemlx::Stream;
 
+use safemlx_dist::affine::AffineWeight;
 use safemlx_dist::checkpoint::Weights;
-use safemlx_dist::quantized::AffineWeight;
 use safemlx_dist::sharded;
 use safemlx_dist::typed::{chunk, Partial, QuantizedArray, Replicated, Sharded, ShardedArray};
 use safemlx_dist::Group;

@@ -142,7 +142,7 @@ fn expand_struct(item: &ItemStruct, fields: &[ShardField]) -> TokenStream {
         };
         if f.quantized {
             let q = quote!(::safemlx_dist::typed::QuantizedArray::<#placement, #comm>);
-            full_types.push(quote!(::safemlx_dist::quantized::AffineWeight));
+            full_types.push(quote!(::safemlx_dist::affine::AffineWeight));
             from_full.push(quote!(#q::from_full(&#ident, comm, stream)?));
             let dims = match &f.spec.dims {
                 Some(dims) if dims.len() == 2 => {

@@ -30,6 +30,7 @@
 // resolve inside the crate too (the parallel layers use the attribute).
 extern crate self as safemlx_dist;
 
+pub mod affine;
 pub mod checkpoint;
 mod error;
 pub mod generate;
@@ -39,7 +40,6 @@ pub mod launch;
 pub mod models;
 pub mod nn;
 pub mod optim;
-pub mod quantized;
 mod runtime;
 pub mod tokenizer;
 pub mod typed;

@@ -3,8 +3,8 @@
 //! `Partial`; against the dense products and lookups at 1 to 4 ranks.
 
 use safemlx::{Array, Stream};
+use safemlx_dist::affine::AffineWeight;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::quantized::AffineWeight;
 use safemlx_dist::typed::LinearWeight;
 use safemlx_dist::{Group, QuantizedArray, Replicated, Sharded, ShardedArray};
 use safemlx_dist_tests::cpu;

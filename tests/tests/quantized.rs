@@ -8,9 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
+use safemlx_dist::affine::AffineWeight;
 use safemlx_dist::checkpoint::{Checkpoint, GgufFile, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::quantized::AffineWeight;
 use safemlx_dist::typed::ShardedArray;
 use safemlx_dist::{sharded, Backend, Group, QuantizedArray, Replicated, Sharded};
 use safemlx_dist_examples::layers::{QuantizedColumnParallelLinear, QuantizedRowParallelLinear};

@@ -6,8 +6,8 @@
 //! dense one at 1 to 4 ranks.
 
 use safemlx::{Array, Stream};
+use safemlx_dist::affine::AffineWeight;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::quantized::AffineWeight;
 use safemlx_dist::{Group, QuantizedArray, Replicated, Sharded, ShardedArray};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{assert_close, random, silu_array};

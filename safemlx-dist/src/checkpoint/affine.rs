@@ -10,8 +10,8 @@ use safemlx::ops::indexing::TryIndexOp;
 use safemlx::{Array, Dtype, Stream};
 
 use super::TensorInfo;
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 
 /// Tensors read as they are stored, without dequantizing, and the
 /// quantized weights among them: what [`affine_tensor_source!`] makes a
@@ -142,7 +142,7 @@ macro_rules! affine_tensor_source {
                 name: &str,
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
-            ) -> $crate::error::Result<$crate::quantized::AffineWeight> {
+            ) -> $crate::error::Result<$crate::affine::AffineWeight> {
                 self.affine_to_read(name)?.rows(self, ranges, s)
             }
             fn read_quantized_groups(
@@ -150,7 +150,7 @@ macro_rules! affine_tensor_source {
                 name: &str,
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
-            ) -> $crate::error::Result<$crate::quantized::AffineWeight> {
+            ) -> $crate::error::Result<$crate::affine::AffineWeight> {
                 self.affine_to_read(name)?.groups(self, ranges, s)
             }
         }

@@ -25,8 +25,8 @@ use safemlx::{Array, Stream};
 
 use super::ggml::{dequantize, to_affine, GgmlType};
 use super::gguf_header::{GgufValue, Header};
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 
 /// Where a tensor is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

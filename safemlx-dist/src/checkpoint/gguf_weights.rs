@@ -7,8 +7,8 @@ use std::path::Path;
 use safemlx::{Array, Stream};
 
 use super::{GgmlType, GgufFile, TensorSource};
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 
 /// A GGUF file's tensors under Hugging Face names, dequantized to
 /// `float32`.

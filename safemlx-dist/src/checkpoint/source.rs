@@ -6,8 +6,8 @@ use std::path::Path;
 
 use safemlx::{Array, Dtype, Stream};
 
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 use crate::runtime::slice_axis;
 
 /// Tensors by name (Hugging Face names for models:

@@ -34,8 +34,8 @@
 use safemlx::{Array, Stream};
 
 use super::TensorSource;
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 use crate::runtime::Group;
 use crate::typed::weights::{shard_ranges, sharded_axis};
 use crate::typed::{

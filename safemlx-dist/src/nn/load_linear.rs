@@ -3,9 +3,9 @@
 
 use safemlx::{Array, Stream};
 
+use crate::affine::AffineWeight;
 use crate::checkpoint::{whole_groups, Weights};
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 use crate::typed::{LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray};
 
 /// Ranges of a checkpoint tensor `[out, in]` as stored: float, not

@@ -21,8 +21,8 @@ use super::placement::{chunk, chunk_lengths, Partial, Placement, Replicated, Sha
 use super::sharded::ShardedArray;
 use super::weights::FieldLayout;
 use super::Collective;
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-use crate::quantized::AffineWeight;
 use crate::runtime::Group;
 
 mod sealed {
