@@ -34,6 +34,9 @@ pub struct Checkpoints;
 #[doc = include_str!("../book/src/models.md")]
 pub struct Models;
 
+#[doc = include_str!("../book/src/writing-a-model.md")]
+pub struct WritingAModel;
+
 #[doc = include_str!("../book/src/training.md")]
 pub struct Training;
 
