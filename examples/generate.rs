@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx::Array;
-use safemlx_dist::checkpoint::{save, Checkpoint};
+use safemlx_dist::checkpoint::{save, SafetensorsFile};
 use safemlx_dist::generate::{generate, Generated, Sampler};
 use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::gather_logits;
@@ -411,7 +411,7 @@ fn compare_with_reference(logits: &Array, greedy: &[u32], n: usize) -> Result<()
     if !status.success() {
         return Err(format!("the single-process reference failed ({status})"));
     }
-    let reference = Checkpoint::open(&out).map_err(err)?;
+    let reference = SafetensorsFile::open(&out).map_err(err)?;
     let want = reference.read("logits", &s).map_err(err)?;
     let want_tokens = reference.read("tokens", &s).map_err(err)?;
     std::fs::remove_file(&out).ok();

@@ -10,7 +10,7 @@ pub mod layers;
 use std::path::PathBuf;
 
 use safemlx::{Array, Device, DeviceType, Stream};
-use safemlx_dist::checkpoint::{save, Checkpoint};
+use safemlx_dist::checkpoint::{save, SafetensorsFile};
 use safemlx_dist::{all_sum, Backend, Group};
 
 /// The exit status of an example: success, or its error on stderr
@@ -110,7 +110,7 @@ pub fn checkpoint(
     group: &Group,
     random: impl FnOnce() -> Vec<(String, Array)>,
     stream: &Stream,
-) -> Result<Checkpoint, String> {
+) -> Result<SafetensorsFile, String> {
     let path = match flag("--checkpoint") {
         Some(path) => PathBuf::from(path),
         None => {
@@ -128,7 +128,7 @@ pub fn checkpoint(
             path
         }
     };
-    Checkpoint::open(&path).map_err(|e| e.to_string())
+    SafetensorsFile::open(&path).map_err(|e| e.to_string())
 }
 
 /// With `--save PATH`: every rank gathers its weights (a collective, so all

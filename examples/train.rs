@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{save, Checkpoint, HfDirectory};
+use safemlx_dist::checkpoint::{save, HfDirectory, SafetensorsFile};
 use safemlx_dist::grad::{average_gradients, value_and_grad_of, Parameters};
 use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
@@ -226,7 +226,7 @@ fn resume(
     adam: &mut AdamW,
     s: &Stream,
 ) -> Result<(Llama, Saved), String> {
-    let file = Checkpoint::open(path).map_err(|e| {
+    let file = SafetensorsFile::open(path).map_err(|e| {
         format!("--resume: cannot open this rank's checkpoint {}: {e}; run without --resume first, at the same rank count", path.display())
     })?;
     let count = model.parameters().len();

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::Checkpoint;
+use safemlx_dist::checkpoint::SafetensorsFile;
 use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
 
@@ -14,7 +14,7 @@ use crate::dense::{host, max_relative_error};
 /// The prompt (`tokens`) and logits `[T, V]` (`logits`, row-major) of a
 /// golden safetensors file.
 pub fn golden(path: &Path, s: &Stream) -> (Vec<u32>, Vec<f32>) {
-    let file = Checkpoint::open(path).expect("golden");
+    let file = SafetensorsFile::open(path).expect("golden");
     let tokens = file
         .read("tokens", s)
         .and_then(|a| Ok(a.into_evaluated()?))

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use safemlx::{Array, Dtype, Stream};
-use safemlx_dist::checkpoint::{save, Checkpoint, Weights};
+use safemlx_dist::checkpoint::{save, SafetensorsFile, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::{all_sum, Group, ShardedArray};
 use safemlx_dist_examples::layers::TransformerBlock;
@@ -50,7 +50,7 @@ fn every_dtype_round_trips_and_mlx_reads_the_file() {
     ];
     let path = temp("dtypes");
     save(&path, &tensors, &s).expect("save");
-    let checkpoint = Checkpoint::open(&path).expect("open");
+    let checkpoint = SafetensorsFile::open(&path).expect("open");
     let names: Vec<&str> = checkpoint.names().collect();
     assert_eq!(names, tensors.iter().map(|t| t.0).collect::<Vec<_>>());
     for (name, want) in &tensors {
@@ -83,7 +83,7 @@ fn every_dtype_round_trips_and_mlx_reads_the_file() {
         .map(|(n, a)| ((*n).to_owned(), a.clone()))
         .collect();
     Array::save_safetensors(&map, None, &mlx_path).expect("MLX writes");
-    let theirs = Checkpoint::open(&mlx_path).expect("open MLX's file");
+    let theirs = SafetensorsFile::open(&mlx_path).expect("open MLX's file");
     for (name, want) in &tensors {
         assert_eq!(
             bytes(&theirs.read(name, &s).unwrap(), &s),
@@ -106,7 +106,9 @@ fn crafted(name: &str, header: &str, data: usize) -> PathBuf {
 }
 
 fn open_error(path: &PathBuf) -> String {
-    let error = Checkpoint::open(path).expect_err("a bad file").to_string();
+    let error = SafetensorsFile::open(path)
+        .expect_err("a bad file")
+        .to_string();
     std::fs::remove_file(path).ok();
     error.replace(&path.display().to_string(), "FILE")
 }
@@ -158,7 +160,7 @@ fn bad_files_are_named_with_what_is_wrong() {
         r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
         8,
     );
-    let checkpoint = Checkpoint::open(&path).expect("valid");
+    let checkpoint = SafetensorsFile::open(&path).expect("valid");
     let error = checkpoint.info("c").expect_err("no c").to_string();
     assert_eq!(
         error.replace(&path.display().to_string(), "FILE"),
@@ -296,7 +298,7 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
     barrier(group, &s);
 
     let heads = 12;
-    let checkpoint = Checkpoint::open(&path).expect("open");
+    let checkpoint = SafetensorsFile::open(&path).expect("open");
     let block = TransformerBlock::load(
         &Weights::new(&checkpoint, group).pp("layers.0"),
         heads,
@@ -385,7 +387,7 @@ fn check_block_checkpoint(group: &Group, moe: bool) {
         save(&saved, &gathered, &s).expect("save");
     }
     barrier(group, &s);
-    let back = Checkpoint::open(&saved).expect("open the saved file");
+    let back = SafetensorsFile::open(&saved).expect("open the saved file");
     assert_eq!(back.names().count(), weights.len());
     for (name, original) in &weights {
         let read = back.read(name, &s).expect("tensor in the saved file");
@@ -426,7 +428,7 @@ fn check_uneven(group: &Group) {
         save(&path, &tensors, &s).expect("save");
     }
     barrier(group, &s);
-    let checkpoint = Checkpoint::open(&path).expect("open");
+    let checkpoint = SafetensorsFile::open(&path).expect("open");
     let checkpoint = Weights::new(&checkpoint, group);
     for (name, full) in &tensors {
         let rows = checkpoint
@@ -483,7 +485,7 @@ fn a_block_from_a_checkpoint_names_what_is_missing_or_wrong() {
     let mut weights = block_weights(false);
     weights.retain(|(name, _)| name != "layers.0.mlp.up");
     save(&path, &weights, &s).expect("save");
-    let checkpoint = Checkpoint::open(&path).expect("open");
+    let checkpoint = SafetensorsFile::open(&path).expect("open");
     let shown = |e: safemlx_dist::Error| e.to_string().replace(&path.display().to_string(), "FILE");
     let source = Weights::new(&checkpoint, &group);
     let error = TransformerBlock::load(&source.pp("layers.0"), 12, 2, &s)

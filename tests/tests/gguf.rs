@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use safemlx_dist::checkpoint::{Checkpoint, GgufFile};
+use safemlx_dist::checkpoint::{GgufFile, SafetensorsFile};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::host;
 
@@ -21,7 +21,7 @@ fn every_type_dequantizes_to_the_gguf_packages_values() {
     let s = cpu();
     let file = GgufFile::open(golden("quants.gguf")).expect("opens");
     assert_eq!(file.version(), 3);
-    let want = Checkpoint::open(golden("quants-dequantized.safetensors")).expect("golden");
+    let want = SafetensorsFile::open(golden("quants-dequantized.safetensors")).expect("golden");
     for name in TYPES {
         let expected = host(&want.read(name, &s).unwrap(), &s);
         let got = file.read(name, &s).unwrap();
@@ -164,7 +164,7 @@ fn every_format_names_a_tensor_of_another_shape_alike() {
     let group = safemlx_dist::init(false, safemlx_dist::Backend::Ring).unwrap();
     let hf_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/llama/llama-tied-kv3");
     let hf = HfDirectory::open(&hf_path).unwrap();
-    let single = Checkpoint::open(hf_path.join("model.safetensors")).unwrap();
+    let single = SafetensorsFile::open(hf_path.join("model.safetensors")).unwrap();
     let file = GgufFile::open(golden("llama-tied-kv3.gguf")).unwrap();
     let (_, gguf) = safemlx_dist::models::Llama::gguf_weights(file, &s).unwrap();
     let error = |source: &dyn TensorSource| {

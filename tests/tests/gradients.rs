@@ -5,7 +5,7 @@
 //! a `Replicated` one's is the whole dense gradient.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{Checkpoint, HfDirectory, Weights};
+use safemlx_dist::checkpoint::{HfDirectory, SafetensorsFile, Weights};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
@@ -483,7 +483,7 @@ fn check_against_golden(
     group: &Group,
     s: &Stream,
 ) {
-    let golden = Checkpoint::open(dir.join("gradients.safetensors")).unwrap();
+    let golden = SafetensorsFile::open(dir.join("gradients.safetensors")).unwrap();
     let want = |name: &str| host(&golden.read(name, s).unwrap(), s)[0];
     let (loss, norm, grads) = model_loss_and_norm(model, group, s);
     let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);

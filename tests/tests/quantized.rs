@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 use safemlx_dist::affine::AffineWeight;
-use safemlx_dist::checkpoint::{Checkpoint, GgufFile, TensorSource, Weights};
+use safemlx_dist::checkpoint::{GgufFile, SafetensorsFile, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::typed::ShardedArray;
 use safemlx_dist::{sharded, Backend, Group, QuantizedArray, Replicated, Sharded};
@@ -31,7 +31,7 @@ const QUANTIZED: [(&str, usize); 3] = [("q8_0", 8), ("q4_0", 4), ("q4_1", 4)];
 fn gguf_blocks_are_mlx_affine_weights_with_the_gguf_packages_values() {
     let s = cpu();
     let file = GgufFile::open(golden("quants.gguf")).expect("opens");
-    let want = Checkpoint::open(golden("quants-dequantized.safetensors")).expect("golden");
+    let want = SafetensorsFile::open(golden("quants-dequantized.safetensors")).expect("golden");
     for (name, bits) in QUANTIZED {
         let expected = host(&want.read(name, &s).unwrap(), &s);
         let whole = file.read_quantized_rows(name, &[(0, 4)], &s).unwrap();
@@ -342,7 +342,7 @@ fn typed_quantized(group: &Group) {
         std::process::id()
     ));
     safemlx_dist::checkpoint::save(&path, &tensors, &s).expect("save");
-    let checkpoint = Checkpoint::open(&path).unwrap();
+    let checkpoint = SafetensorsFile::open(&path).unwrap();
     let read =
         TypedQuantizedMlp::load_fields(&Weights::new(&checkpoint, group), &s).expect("read back");
     let bytes = checkpoint.bytes_read() as usize;

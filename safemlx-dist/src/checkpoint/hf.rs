@@ -8,7 +8,7 @@ use safemlx::{Array, Stream};
 use serde_json::Value;
 
 use super::affine::{affine_tensor_source, Affine, Stored};
-use super::{read_text, Checkpoint, TensorInfo};
+use super::{read_text, SafetensorsFile, TensorInfo};
 use crate::error::{Error, Result};
 
 /// A Hugging Face model directory opened for reading: its `config.json`
@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 pub struct HfDirectory {
     dir: PathBuf,
     config: Value,
-    files: Vec<Checkpoint>,
+    files: Vec<SafetensorsFile>,
     /// Tensor name -> index into `files`.
     tensors: BTreeMap<String, usize>,
 }
@@ -78,7 +78,7 @@ impl HfDirectory {
                 let at = match by_file.get(file) {
                     Some(&at) => at,
                     None => {
-                        files.push(Checkpoint::open(dir.join(file))?);
+                        files.push(SafetensorsFile::open(dir.join(file))?);
                         by_file.insert(file, files.len() - 1);
                         files.len() - 1
                     }
@@ -95,7 +95,7 @@ impl HfDirectory {
                 tensors.insert(name.clone(), at);
             }
         } else if single.exists() {
-            let file = Checkpoint::open(&single)?;
+            let file = SafetensorsFile::open(&single)?;
             tensors = file.names().map(|n| (n.to_owned(), 0)).collect();
             files.push(file);
         } else {
@@ -132,7 +132,7 @@ impl HfDirectory {
         self.tensors.keys().map(String::as_str)
     }
 
-    fn file(&self, name: &str) -> Result<&Checkpoint> {
+    fn file(&self, name: &str) -> Result<&SafetensorsFile> {
         match self.tensors.get(name) {
             Some(&at) => Ok(&self.files[at]),
             None => {
@@ -164,7 +164,7 @@ impl HfDirectory {
         self.file(name)?.read(name, s)
     }
 
-    /// Rows of tensor `name` (see [`Checkpoint::read_rows`]).
+    /// Rows of tensor `name` (see [`SafetensorsFile::read_rows`]).
     ///
     /// # Errors
     /// No such tensor, rows past its end, or a read that fails.
@@ -172,7 +172,7 @@ impl HfDirectory {
         self.file(name)?.read_rows(name, ranges, s)
     }
 
-    /// Columns of the 2-D tensor `name` (see [`Checkpoint::read_columns`]).
+    /// Columns of the 2-D tensor `name` (see [`SafetensorsFile::read_columns`]).
     ///
     /// # Errors
     /// No such tensor, not 2-D, columns past its end, or a failed read.
@@ -182,7 +182,7 @@ impl HfDirectory {
 
     /// Tensor bytes read so far, over every file.
     pub fn bytes_read(&self) -> u64 {
-        self.files.iter().map(Checkpoint::bytes_read).sum()
+        self.files.iter().map(SafetensorsFile::bytes_read).sum()
     }
 }
 

@@ -2,7 +2,7 @@
 //! GGUF files, each a [`TensorSource`], read through one prefix-scoped
 //! [`Weights`].
 //!
-//! [`Checkpoint::open`] reads only a safetensors file's header; a read then
+//! [`SafetensorsFile::open`] reads only a safetensors file's header; a read then
 //! takes just the bytes of this rank's part of a tensor: a row split
 //! (`Sharded<0>`) is one contiguous range, a column split one range per
 //! row, a fused QKV one range per segment and row. Every layer loads with
@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use safemlx::{Array, Device, DeviceType, Stream};
-//! use safemlx_dist::checkpoint::{save, Checkpoint, Weights};
+//! use safemlx_dist::checkpoint::{save, SafetensorsFile, Weights};
 //! use safemlx_dist::{init, Backend, Sharded};
 //!
 //! let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
@@ -20,7 +20,7 @@
 //! save(&path, &[("w", w)], &s)?;
 //!
 //! let group = init(false, Backend::Any)?; // one rank here: its part is all of it
-//! let checkpoint = Checkpoint::open(&path)?;
+//! let checkpoint = SafetensorsFile::open(&path)?;
 //! assert_eq!(checkpoint.info("w")?.shape, [2, 3]);
 //! let part = Weights::new(&checkpoint, &group).get::<Sharded<1>>("w", &[2, 3], &s)?;
 //! assert_eq!(part.global_shape(), [2, 3]);
@@ -52,7 +52,7 @@ pub use gguf::{GgufFile, GgufTensor};
 pub use gguf_header::GgufValue;
 pub use gguf_weights::GgufWeights;
 pub use hf::HfDirectory;
-pub use safetensors::Checkpoint;
+pub use safetensors::SafetensorsFile;
 pub use save::save;
 pub use source::{whole_groups, Dequantized, TensorSource};
 pub use weights::Weights;

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 /// An open safetensors file: its header parsed and checked, its tensors
 /// read on demand.
 #[derive(Debug)]
-pub struct Checkpoint {
+pub struct SafetensorsFile {
     path: PathBuf,
     file: File,
     data_start: u64,
@@ -24,7 +24,7 @@ pub struct Checkpoint {
     bytes_read: AtomicU64,
 }
 
-impl Checkpoint {
+impl SafetensorsFile {
     /// Opens `path` and reads its header (nothing else).
     ///
     /// # Errors

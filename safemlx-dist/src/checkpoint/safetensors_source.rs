@@ -8,21 +8,21 @@ use std::path::Path;
 use safemlx::{Array, Stream};
 
 use super::affine::{affine_tensor_source, Affine, Stored};
-use super::{Checkpoint, TensorInfo};
+use super::{SafetensorsFile, TensorInfo};
 use crate::error::{Error, Result};
 
-impl Stored for Checkpoint {
+impl Stored for SafetensorsFile {
     fn location(&self) -> &Path {
         self.path()
     }
     fn stored_contains(&self, name: &str) -> bool {
-        Checkpoint::contains(self, name)
+        SafetensorsFile::contains(self, name)
     }
     fn stored_info(&self, name: &str) -> Result<&TensorInfo> {
         self.info(name)
     }
     fn stored_read(&self, name: &str, s: &Stream) -> Result<Array> {
-        Checkpoint::read(self, name, s)
+        SafetensorsFile::read(self, name, s)
     }
     fn stored_along(
         &self,
@@ -31,13 +31,13 @@ impl Stored for Checkpoint {
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Array> {
-        Checkpoint::read_along(self, name, axis, ranges, s)
+        SafetensorsFile::read_along(self, name, axis, ranges, s)
     }
     fn stored_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
-        Checkpoint::read_columns(self, name, ranges, s)
+        SafetensorsFile::read_columns(self, name, ranges, s)
     }
     fn stored_bytes_read(&self) -> u64 {
-        Checkpoint::bytes_read(self)
+        SafetensorsFile::bytes_read(self)
     }
 
     /// The quantized field `name`: its `.scales`, `.biases` and a `uint32`
@@ -64,4 +64,4 @@ impl Stored for Checkpoint {
     }
 }
 
-affine_tensor_source!(Checkpoint);
+affine_tensor_source!(SafetensorsFile);

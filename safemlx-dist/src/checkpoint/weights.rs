@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use safemlx::{Array, Device, DeviceType, Stream};
-//! use safemlx_dist::checkpoint::{save, Checkpoint, Weights};
+//! use safemlx_dist::checkpoint::{save, SafetensorsFile, Weights};
 //! use safemlx_dist::{init, Backend, Sharded};
 //!
 //! let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
@@ -19,7 +19,7 @@
 //! save(&path, &[("mlp.up.weight", w)], &s)?;
 //!
 //! let group = init(false, Backend::Any)?; // one rank here: its part is all of it
-//! let checkpoint = Checkpoint::open(&path)?;
+//! let checkpoint = SafetensorsFile::open(&path)?;
 //! let weights = Weights::new(&checkpoint, &group);
 //! let up = weights.pp("mlp").get::<Sharded<1>>("up.weight", &[2, 3], &s)?;
 //! assert_eq!(up.global_shape(), [2, 3]);
