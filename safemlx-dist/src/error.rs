@@ -106,8 +106,9 @@ pub enum Error {
     #[error("{0}")]
     Sampling(String),
 
-    /// An environment setting that cannot be read; the message names the
-    /// variable, its value and the default.
+    /// A setting out of range: an environment variable that cannot be
+    /// read, or a layer's or an optimizer's option (an MoE's `top_k`, a
+    /// clipping norm); the message names it, its value and what it must be.
     #[error("{0}")]
     Setting(String),
 

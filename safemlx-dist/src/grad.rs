@@ -336,7 +336,7 @@ pub fn average_gradients<M: Parameters>(
     s: &Stream,
 ) -> Result<M> {
     if bucket_bytes == 0 {
-        return Err(Error::Shape(
+        return Err(Error::Setting(
             "average_gradients: bucket_bytes must be at least 1".to_owned(),
         ));
     }

@@ -133,7 +133,7 @@ pub fn clip_grad_norm<M: Parameters>(
     s: &Stream,
 ) -> Result<(M, f32)> {
     if !(max_norm > 0.0 && max_norm.is_finite()) {
-        return Err(Error::Shape(format!(
+        return Err(Error::Setting(format!(
             "clip_grad_norm: max_norm must be a positive number, got {max_norm}"
         )));
     }

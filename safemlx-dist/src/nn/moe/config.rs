@@ -124,20 +124,20 @@ impl MoeConfig {
 
     pub(super) fn check(&self, experts: usize) -> Result<()> {
         if self.top_k == 0 || self.top_k > experts {
-            return Err(Error::Shape(format!(
+            return Err(Error::Setting(format!(
                 "top_k is {}; with {experts} experts it must be 1 to {experts}",
                 self.top_k
             )));
         }
         if let Some(f) = self.capacity_factor {
             if !(f.is_finite() && f > 0.0) {
-                return Err(Error::Shape(format!(
+                return Err(Error::Setting(format!(
                     "capacity factor {f}: it must be a positive number"
                 )));
             }
         }
         if !self.routed_scaling.is_finite() {
-            return Err(Error::Shape(format!(
+            return Err(Error::Setting(format!(
                 "routed scaling factor {}: it must be a finite number",
                 self.routed_scaling
             )));
