@@ -12,8 +12,10 @@ use crate::typed::{LinearWeight, Replicated, Sharded, ShardedArray};
 /// embedding, each rank looks up the tokens in its rows (zeros for the
 /// others), a `Partial`, and one `all_sum` of `[T, D]` completes the
 /// lookup; as an LM head, `h Eᵀ` gives each rank its vocabulary columns of
-/// the logits, `Sharded<1>`, gathered only where a token is sampled.
-#[derive(Debug)]
+/// the logits, `Sharded<1>`, gathered only where a token is sampled. A
+/// float table is one parameter (this rank's rows); a quantized one none:
+/// it stays frozen.
+#[derive(Debug, crate::grad::Parameters)]
 pub struct Embedding {
     /// `[V, D]`, split by rows.
     pub weight: LinearWeight<Sharded<0>>,
@@ -87,20 +89,6 @@ impl Embedding {
     /// Whether the table stays quantized.
     pub fn is_quantized(&self) -> bool {
         self.weight.is_quantized()
-    }
-}
-
-impl crate::grad::Parameters for Embedding {
-    /// The float table (this rank's rows); none for a quantized one, which
-    /// stays frozen.
-    fn parameters(&self) -> Vec<crate::grad::Parameter> {
-        self.weight.parameters()
-    }
-
-    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
-        Ok(Self {
-            weight: self.weight.with_parameters(locals)?,
-        })
     }
 }
 
