@@ -329,7 +329,10 @@ impl GqaAttention {
         }
         let project = |w: &LinearWeight<Sharded<0>>, bias: &Option<ShardedArray<Sharded<0>>>| {
             let y = x.linear(w, s)?;
-            bias.as_ref().map_or(Ok(y.clone()), |b| y.add_bias(b, s))
+            match bias {
+                Some(b) => y.add_bias(b, s),
+                None => Ok(y),
+            }
         };
         let q = project(&self.q, &self.q_bias)?;
         let k = project(&self.k, &self.k_bias)?;

@@ -6,7 +6,9 @@ use safemlx::{Array, Stream};
 use crate::affine::AffineWeight;
 use crate::checkpoint::{whole_groups, Weights};
 use crate::error::{Error, Result};
-use crate::typed::{LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray};
+use crate::typed::{
+    split_part, LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray,
+};
 
 /// Ranges of a checkpoint tensor `[out, in]` as stored: float, not
 /// transposed, or quantized.
@@ -75,12 +77,6 @@ impl Stored {
     }
 }
 
-/// This rank's `(first, count)` of a dimension divided as `split`.
-pub(super) fn part_of(split: &[usize], rank: usize) -> (usize, usize) {
-    let first = split.iter().take(rank).sum();
-    (first, split.get(rank).copied().unwrap_or(0))
-}
-
 /// The outputs (rows) of the `[out, in]` tensor `name` of shape `shape`
 /// divided over the ranks as `split` says, as the checkpoint stores it
 /// (quantized ones stay quantized): this rank reads only its rows.
@@ -95,7 +91,7 @@ pub fn load_rows(
     split: &[usize],
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<0>>> {
-    load_row_block(w, name, shape, part_of(split, w.comm().rank()), split, s)
+    load_row_block(w, name, shape, split_part(split, w.comm().rank()), split, s)
 }
 
 /// Rows `first..first + count` of the `[out, in]` tensor `name` of shape
@@ -135,6 +131,6 @@ pub fn load_columns(
     split: &[usize],
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<1>>> {
-    let part = [part_of(split, w.comm().rank())];
+    let part = [split_part(split, w.comm().rank())];
     read_columns(w, name, shape, &part, s)?.split(w, shape, split)
 }

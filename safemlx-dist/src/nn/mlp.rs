@@ -3,11 +3,13 @@
 
 use safemlx::{Array, Stream};
 
-use super::load_linear::{load_columns, load_row_block, load_rows, part_of};
+use super::load_linear::{load_columns, load_row_block, load_rows};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
-use crate::typed::{chunk_lengths, LinearWeight, Partial, Replicated, Sharded, ShardedArray};
+use crate::typed::{
+    chunk_lengths, split_part, LinearWeight, Partial, Replicated, Sharded, ShardedArray,
+};
 
 /// Where an MLP's tensors are under its prefix: stems, read as
 /// `{stem}.weight`. Each model family names its own (`models/`).
@@ -69,7 +71,7 @@ impl Mlp {
     ) -> Result<Self> {
         let down = format!("{}.weight", names.down);
         let split = Self::hidden_split(w, &down, hidden);
-        let (first, count) = part_of(&split, w.comm().rank());
+        let (first, count) = split_part(&split, w.comm().rank());
         let (gate, up) = match names.gate_up {
             GateUp::Separate([gate, up]) => {
                 let rows =
@@ -214,7 +216,7 @@ impl Mlp {
     /// This rank's hidden columns `(first, count)`: its columns of `down`.
     pub fn hidden(&self) -> (usize, usize) {
         let split = self.down.axis_split().unwrap_or_default();
-        part_of(&split, self.down.comm().rank())
+        split_part(&split, self.down.comm().rank())
     }
 
     /// Whether any of the three weights stays quantized.

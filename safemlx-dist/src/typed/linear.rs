@@ -23,7 +23,7 @@ use safemlx::{Array, Stream};
 
 use super::collective::Collective;
 use super::ops::{NoRule, Operand};
-use super::placement::{Partial, Placement, Ragged, Replicated, Sharded};
+use super::placement::{split_part, Partial, Placement, Ragged, Replicated, Sharded};
 use super::quantized::{QuantizedArray, QuantizedPlacement};
 use super::sharded::ShardedArray;
 use crate::error::{Error, Result};
@@ -238,8 +238,7 @@ impl<C: Collective> LinearWeight<Sharded<0>, C> {
         let [vocab, dim] = self.global_shape();
         let lengths = self.axis_split().unwrap_or_default();
         let (comm, rank) = (self.comm(), self.comm().rank());
-        let first: usize = lengths[..rank].iter().sum();
-        let count = lengths.get(rank).copied().unwrap_or(0);
+        let (first, count) = split_part(&lengths, rank);
         let (rows, keep, t) = local_rows(ids, vocab, (first, count))?;
         let d = i32::try_from(dim).map_err(|_| Error::ShapeOverflow { value: dim })?;
         let local = match self {

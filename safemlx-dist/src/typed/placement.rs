@@ -104,6 +104,15 @@ pub fn chunk(dim: usize, rank: usize, size: usize) -> (usize, usize) {
     (offset, len)
 }
 
+/// The part `(offset, length)` rank `rank` holds of a dimension divided
+/// as `split` says (every rank's length, in rank order; see
+/// `ShardedArray::from_local_split`), the explicit counterpart of
+/// [`chunk`].
+pub fn split_part(split: &[usize], rank: usize) -> (usize, usize) {
+    let offset = split.iter().take(rank).sum();
+    (offset, split.get(rank).copied().unwrap_or(0))
+}
+
 /// Every rank's chunk length of a dimension of `dim` elements.
 pub fn chunk_lengths(dim: usize, size: usize) -> Vec<usize> {
     (0..size).map(|r| chunk(dim, r, size).1).collect()
