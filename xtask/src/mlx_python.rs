@@ -1,6 +1,6 @@
-//! MLX Python for the tests of mixed groups (MLX Python ranks beside ours):
-//! a virtual environment with the `mlx[cpu]` wheel from PyPI, in the user's
-//! cache directory, made once.
+//! Python environments the tests use, each made once in the user's cache
+//! directory from PyPI: MLX Python for the tests of mixed groups (MLX
+//! Python ranks beside ours), and OpenAI's client for the server's tests.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,12 +10,25 @@ use crate::{cmd, setup};
 /// The wheel: the MLX release our native build is wire-compatible with.
 const PACKAGE: &str = "mlx[cpu]==0.32.4";
 
-/// The environment's `python`, making the environment the first time.
+/// OpenAI's Python client, which the server's tests drive.
+const OPENAI: &str = "openai==3.63.0";
+
+/// The MLX Python environment's `python`, made the first time.
 pub fn python() -> Result<PathBuf, String> {
-    let venv = cmd::cache_root().join("mlx-python");
+    venv("mlx-python", PACKAGE)
+}
+
+/// The OpenAI client's environment's `python`, made the first time.
+pub fn openai() -> Result<PathBuf, String> {
+    venv("openai-python", OPENAI)
+}
+
+/// The `python` of the environment `name` in the cache with `package`.
+fn venv(name: &str, package: &str) -> Result<PathBuf, String> {
+    let venv = cmd::cache_root().join(name);
     let python = venv.join("bin").join("python");
     let ready = venv.join(".ready");
-    if std::fs::read_to_string(&ready).is_ok_and(|p| p == PACKAGE) {
+    if std::fs::read_to_string(&ready).is_ok_and(|p| p == package) {
         return Ok(python);
     }
     let venv_made = |venv: &PathBuf| {
@@ -31,10 +44,7 @@ pub fn python() -> Result<PathBuf, String> {
             return Err(format!("python3 -m venv {} failed", venv.display()));
         }
     }
-    println!(
-        "mlx-python: installing {PACKAGE} in {} (once)",
-        venv.display()
-    );
+    println!("xtask: installing {package} in {} (once)", venv.display());
     let mut pip = Command::new(&python);
     pip.args([
         "-m",
@@ -42,10 +52,10 @@ pub fn python() -> Result<PathBuf, String> {
         "install",
         "--disable-pip-version-check",
         "-q",
-        PACKAGE,
+        package,
     ]);
     cmd::run(pip)?;
-    std::fs::write(&ready, PACKAGE)
+    std::fs::write(&ready, package)
         .map_err(|e| format!("cannot write {}: {e}", ready.display()))?;
     Ok(python)
 }

@@ -13,11 +13,15 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libopenmpi-dev",
 ];
 
+/// What the tests also need: curl, the server tests' HTTP client.
+const TEST_PACKAGES: &[&str] = &["curl"];
+
 /// The mdBook release the book is built with.
 const MDBOOK_VERSION: &str = "0.5.4";
 
 pub fn run() -> Result<(), String> {
     install_debian_packages(DEBIAN_PACKAGES)?;
+    install_debian_packages(TEST_PACKAGES)?;
     install_mdbook()?;
     println!(
         "setup: native MLX build cache at {}",

@@ -49,10 +49,13 @@ pub fn test() -> Result<(), String> {
     let model = models::fetch_smollm2()?;
     // MLX Python ranks in a group with ours (`safemlx-dist/tests/admission.rs`).
     let mlx_python = crate::mlx_python::python()?;
+    // OpenAI's client against the server (`safemlx-cli/tests/serve.rs`).
+    let openai_python = crate::mlx_python::openai()?;
     let mut tests = cmd::cargo(&["test", "--release", "--workspace"]);
     tests
         .env("SAFEMLX_SMOLLM2_GGUF", &model)
         .env("SAFEMLX_DIST_MLX_PYTHON", &mlx_python)
+        .env("SAFEMLX_OPENAI_PYTHON", &openai_python)
         .env("SAFEMLX_DIST_REQUIRE_NETNS", "1");
     cmd::run(tests)?;
     let mut docs = cmd::cargo(&["doc", "--release", "--workspace", "--no-deps"]);

@@ -111,7 +111,9 @@ fn signal_group(pid: u32, signal: &str) {
 /// the rest are stopped), for `timeout` (then all are stopped), or for a
 /// signal number to appear in `interrupt` (then all are stopped).
 /// `watch` runs at every poll and once more before any process is
-/// signalled. With `heartbeat`, each process's stdin is a pipe that gets
+/// signalled. Without `heartbeat`, the first process (rank 0, or mpirun)
+/// reads the launcher's stdin and the others none. With `heartbeat`, each
+/// process's stdin is a pipe that gets
 /// those bytes first, then a byte every
 /// [`agent::HEARTBEAT`](super::agent::HEARTBEAT) (what a remote rank's
 /// agent waits for), and is closed when the run ends.
@@ -130,7 +132,7 @@ pub(crate) fn supervise(
     let mut last_beat = Instant::now();
     for (label, mut command) in commands {
         command
-            .stdin(if heartbeat.is_some() {
+            .stdin(if heartbeat.is_some() || label == 0 {
                 Stdio::piped()
             } else {
                 Stdio::null()
@@ -153,6 +155,16 @@ pub(crate) fn supervise(
         }
         if let Some(err) = child.stderr.take() {
             forwarders.push(forward(label, err, Sink::Stderr, relabel.clone()));
+        }
+        if heartbeat.is_none() {
+            // Rank 0 (or mpirun, which passes it on to rank 0) reads what
+            // the launcher reads: a terminal stays in the launcher's
+            // foreground process group, where reading it does not stop.
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = std::thread::Builder::new()
+                    .name("safemlx-launch-stdin".to_owned())
+                    .spawn(move || std::io::copy(&mut std::io::stdin().lock(), &mut stdin));
+            }
         }
         if let Some(mut stdin) = child.stdin.take() {
             // A pipe's first bytes fit its buffer: this does not block.

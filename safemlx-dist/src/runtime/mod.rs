@@ -43,4 +43,5 @@ pub(crate) use launcher_watch::this_launcher;
 pub use lowering::{Lowering, LOWERING_ENV};
 pub(crate) use native::take_vjp_error;
 pub use profile::{CollectiveProfile, CollectiveTime};
+pub use progress::timeout_from_env as collective_timeout;
 pub(crate) use slicing::slice_axis;

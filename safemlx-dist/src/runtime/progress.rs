@@ -120,11 +120,13 @@ pub(crate) fn heartbeat() {
     }
 }
 
-/// The timeout of `SAFEMLX_DIST_TIMEOUT`, checked.
+/// The collective timeout of this process: `SAFEMLX_DIST_TIMEOUT`,
+/// checked, or [`DEFAULT_TIMEOUT`]. A program that waits between
+/// collectives (a server while idle) keeps its waits below it.
 ///
 /// # Errors
 /// A value that is not a positive number of seconds.
-pub(crate) fn timeout_from_env() -> Result<Duration> {
+pub fn timeout_from_env() -> Result<Duration> {
     seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
 }
 

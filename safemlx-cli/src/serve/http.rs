@@ -1,0 +1,362 @@
+//! Rank 0's HTTP side (axum on a one-thread tokio runtime): OpenAI's
+//! endpoints in front of the scheduler. A request is checked here, handed
+//! to the scheduler, and answered from its events, whole or as
+//! server-sent events.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::{stream, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::api::{parse, ApiError, Endpoint, Parsed};
+use super::request::{Event, Request};
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct Shared {
+    /// The scheduler's queue.
+    pub requests: Sender<Request>,
+    /// The served model's name.
+    pub model: String,
+    /// `--api-key`.
+    pub api_key: Option<String>,
+    /// Requests running or waiting at most (`--max-concurrent` plus
+    /// `--max-queue`); beyond, 429.
+    pub limit: usize,
+    pub in_flight: AtomicUsize,
+    pub next_id: AtomicU64,
+}
+
+type AppState = Arc<Shared>;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::BAD_REQUEST);
+        (status, Json(self.body())).into_response()
+    }
+}
+
+/// The routes: `/v1/*` (behind the API key when one is set), `/health`.
+pub fn router(state: AppState, max_body: usize) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .fallback(|| async {
+            ApiError::new(404, "no such endpoint; see GET /v1/models".to_owned())
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn auth(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    request: HttpRequest,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::new(
+                401,
+                "this server needs `Authorization: Bearer KEY` with the key it was started with (--api-key)"
+                    .to_owned(),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn models(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": state.model, "object": "model", "created": 0, "owned_by": "safemlx",
+    }]}))
+}
+
+async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(state, body, Endpoint::Chat).await
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(state, body, Endpoint::Completions).await
+}
+
+/// Counts a request in flight while it lives.
+struct InFlight(AppState);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn complete(
+    state: AppState,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            return ApiError::new(rejection.status().as_u16(), rejection.body_text())
+                .into_response()
+        }
+    };
+    let parsed = match parse(&body, endpoint, &state.model) {
+        Ok(parsed) => parsed,
+        Err(e) => return e.into_response(),
+    };
+    if state.in_flight.fetch_add(1, Ordering::AcqRel) >= state.limit {
+        state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        return ApiError::new(
+            429,
+            format!(
+                "the server has {} requests running or queued, its limit (--max-concurrent and --max-queue); retry later",
+                state.limit
+            ),
+        )
+        .into_response();
+    }
+    let guard = InFlight(Arc::clone(&state));
+    let (events, mut rx) = unbounded_channel();
+    let stream_it = parsed.stream;
+    let request = to_request(parsed, events);
+    if state.requests.send(request).is_err() {
+        return ApiError::new(503, "the server is stopping".to_owned()).into_response();
+    }
+    let prompt_tokens = match rx.recv().await {
+        Some(Event::Started { prompt_tokens }) => prompt_tokens,
+        Some(Event::Failed { status, message }) => {
+            return ApiError::new(status, message).into_response()
+        }
+        _ => return ApiError::new(500, "the server stopped".to_owned()).into_response(),
+    };
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let reply = Reply {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id}"),
+            Endpoint::Completions => format!("cmpl-{id}"),
+        },
+        endpoint,
+        model: state.model.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if stream_it {
+        return sse(reply, rx, guard);
+    }
+    let mut text = String::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Text(piece) => text.push_str(&piece),
+            Event::Done {
+                finish,
+                completion_tokens,
+                ..
+            } => {
+                let usage = usage(prompt_tokens, completion_tokens);
+                return Json(reply.whole(&text, finish.as_str(), usage)).into_response();
+            }
+            Event::Failed { status, message } => {
+                return ApiError::new(status, message).into_response()
+            }
+            Event::Started { .. } => {}
+        }
+    }
+    ApiError::new(500, "the server stopped".to_owned()).into_response()
+}
+
+fn to_request(p: Parsed, events: tokio::sync::mpsc::UnboundedSender<Event>) -> Request {
+    Request {
+        prompt: p.prompt,
+        max_tokens: p.max_tokens,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        seed: p.seed,
+        stop: p.stop,
+        events,
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion})
+}
+
+/// The fields every response and chunk of one request shares.
+struct Reply {
+    id: String,
+    endpoint: Endpoint,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn whole(&self, text: &str, finish: &str, usage: Value) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({"index": 0, "finish_reason": finish,
+                "message": {"role": "assistant", "content": text}}),
+            Endpoint::Completions => json!({"index": 0, "finish_reason": finish,
+                "text": text, "logprobs": null}),
+        };
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completions => "text_completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created,
+               "model": self.model, "choices": [choice], "usage": usage})
+    }
+
+    /// One streamed chunk: `text` as a delta, or the end.
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, usage: Option<Value>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let delta = match text {
+                    Some(t) => json!({"role": "assistant", "content": t}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "finish_reason": finish})
+            }
+            Endpoint::Completions => json!({"index": 0, "text": text.unwrap_or(""),
+                "finish_reason": finish, "logprobs": null}),
+        };
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        let mut chunk = json!({"id": self.id, "object": object, "created": self.created,
+                               "model": self.model, "choices": [choice]});
+        if let Some(usage) = usage {
+            chunk["usage"] = usage;
+        }
+        chunk
+    }
+}
+
+/// The stream's state: the scheduler's events, then `[DONE]`, then the end.
+enum Phase {
+    Open(UnboundedReceiver<Event>),
+    Ending,
+    Ended,
+}
+
+/// Server-sent events in OpenAI's chunk format; the usage rides on the
+/// chunk with the finish reason. A client that leaves drops the receiver,
+/// which the scheduler sees at its next step.
+fn sse(reply: Reply, rx: UnboundedReceiver<Event>, guard: InFlight) -> Response {
+    let first = Sse::default().data(reply.chunk(Some(""), None, None).to_string());
+    let events = stream::unfold(
+        (Phase::Open(rx), reply, guard),
+        |(phase, reply, guard)| async move {
+            let Phase::Open(mut rx) = phase else {
+                return match phase {
+                    Phase::Ending => Some((
+                        Ok(Sse::default().data("[DONE]")),
+                        (Phase::Ended, reply, guard),
+                    )),
+                    _ => None,
+                };
+            };
+            loop {
+                let (event, next) = match rx.recv().await {
+                    Some(Event::Text(piece)) => {
+                        (reply.chunk(Some(&piece), None, None), Phase::Open(rx))
+                    }
+                    Some(Event::Done {
+                        finish,
+                        prompt_tokens,
+                        completion_tokens,
+                    }) => (
+                        reply.chunk(
+                            None,
+                            Some(finish.as_str()),
+                            Some(usage(prompt_tokens, completion_tokens)),
+                        ),
+                        Phase::Ending,
+                    ),
+                    Some(Event::Failed { status, message }) => {
+                        (ApiError::new(status, message).body(), Phase::Ended)
+                    }
+                    Some(Event::Started { .. }) => continue,
+                    None => (
+                        ApiError::new(500, "the server stopped".to_owned()).body(),
+                        Phase::Ended,
+                    ),
+                };
+                let sse: Result<Sse, Infallible> = Ok(Sse::default().data(event.to_string()));
+                return Some((sse, (next, reply, guard)));
+            }
+        },
+    );
+    let all = stream::iter([Ok::<_, Infallible>(first)]).chain(events);
+    axum::response::Sse::new(all)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// Serves `router` on `listener` until `stopping` is set (by SIGINT or
+/// SIGTERM, which this also watches): no new connection is taken after.
+///
+/// # Errors
+/// The listener's or the runtime's error.
+pub async fn run(
+    listener: std::net::TcpListener,
+    router: Router,
+    stopping: Arc<AtomicBool>,
+) -> Result<(), String> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot use the listener: {e}"))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| format!("cannot use the listener: {e}"))?;
+    let signal = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| eprintln!("safemlx serve: cannot watch SIGTERM: {e}"))
+            .ok();
+        let term = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let name = tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            () = term => "SIGTERM",
+        };
+        eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
+        stopping.store(true, Ordering::Release);
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(signal)
+        .await
+        .map_err(|e| format!("the HTTP server failed: {e}"))
+}

@@ -1,0 +1,193 @@
+//! `safemlx serve`: an OpenAI-compatible server in front of a model split
+//! over the ranks of the launch.
+//!
+//! Rank 0 listens and schedules; every rank, rank 0 included, runs the
+//! schedule's steps on its part of the model. The only thing that
+//! travels between ranks besides the model's own collectives is the plan
+//! of each step (see [`plan`]); no rank but rank 0 reads the network.
+
+mod api;
+mod batch;
+pub(crate) mod engine;
+mod http;
+pub(crate) mod plan;
+pub(crate) mod request;
+mod stop;
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use safemlx_dist::{collective_timeout, init};
+
+use crate::model_args::{cpu_stream, ModelArgs};
+use engine::Settings;
+use plan::Bounds;
+
+/// Serve the model over HTTP with OpenAI's API: `POST
+/// /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET
+/// /health`. Start it under the launcher on every host:
+/// `safemlx-launch -n 2 -- safemlx serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The address rank 0 listens on (the default takes local clients only)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port rank 0 listens on
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model's name for clients [default: the model's file or
+    /// directory name]
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Every request must send `Authorization: Bearer KEY` (401 otherwise)
+    #[arg(long, env = "SAFEMLX_API_KEY", value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Sequences computed together at most (the batch)
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_concurrent: u16,
+    /// Requests waiting for a place in the batch at most; more get 429
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// The largest request body, in bytes (413 beyond)
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body: usize,
+    /// The KV cache all sequences may reserve on one rank, in MiB; a
+    /// request waits until its prompt and max_tokens fit
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    pub max_cache: usize,
+    /// Prompt tokens fed in one step: a new prompt delays the running
+    /// sequences by one such chunk at most
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub prefill_chunk: u16,
+    /// max_tokens for a request that gives none (cut to the context)
+    #[arg(long, default_value_t = 512)]
+    pub default_max_tokens: usize,
+}
+
+/// Runs the server on this rank until rank 0 stops it.
+///
+/// # Errors
+/// A bad option, the model's loading, the listener, or a fault of a peer.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let s = cpu_stream();
+    let group = init(false, args.model.backend()?).map_err(|e| e.to_string())?;
+    let bounds = Bounds {
+        slots: usize::from(args.max_concurrent),
+        chunk: usize::from(args.prefill_chunk),
+    };
+    // Bind before loading, so a port in use ends the run at once.
+    let listener =
+        if group.rank() == 0 {
+            let at = format!("{}:{}", args.host, args.port);
+            Some(TcpListener::bind(&at).map_err(|e| {
+                format!("cannot listen on {at}: {e}; give another --port (or --host)")
+            })?)
+        } else {
+            None
+        };
+    let loaded = args.model.load(&group, &s)?;
+    let model = &loaded.model;
+    let Some(listener) = listener else {
+        ignore_stop_signals();
+        return engine::follow(model, bounds, &group, &s);
+    };
+    let config = model.config();
+    let context = config
+        .sliding_window
+        .map_or(config.max_position_embeddings, |w| {
+            w.min(config.max_position_embeddings)
+        });
+    let kv_heads = config.kv_heads.div_ceil(group.size()).max(1);
+    let settings = Settings {
+        bounds,
+        context,
+        default_max_tokens: args.default_max_tokens,
+        heartbeat: (collective_timeout().map_err(|e| e.to_string())? / 4)
+            .min(Duration::from_secs(2)),
+        max_cache: args.max_cache.saturating_mul(1 << 20),
+        cache_bytes_per_token: 2 * config.layers * kv_heads * config.head_dim * 4,
+    };
+    let name = match &args.model_id {
+        Some(id) => id.clone(),
+        None => args.model.name()?,
+    };
+    let (requests, queue) = mpsc::channel();
+    let shared = Arc::new(http::Shared {
+        requests,
+        model: name.clone(),
+        api_key: args.api_key.clone(),
+        limit: bounds.slots + args.max_queue,
+        in_flight: AtomicUsize::new(0),
+        next_id: AtomicU64::new(0),
+    });
+    let stopping = Arc::new(AtomicBool::new(false));
+    let router = http::router(shared, args.max_body);
+    let address = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the listener's address: {e}"))?;
+    let server = {
+        let stopping = Arc::clone(&stopping);
+        std::thread::Builder::new()
+            .name("safemlx-http".to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+                runtime.block_on(http::run(listener, router, stopping))
+            })
+            .map_err(|e| format!("cannot start the HTTP thread: {e}"))?
+    };
+    eprintln!(
+        "safemlx serve: {name} on http://{address}/v1 ({} ranks; up to {} sequences at once, prefill chunk {}, context {context})",
+        group.size(),
+        bounds.slots,
+        bounds.chunk
+    );
+    let served = engine::lead(
+        model,
+        &loaded.tokenizer,
+        settings,
+        &queue,
+        &stopping,
+        &group,
+        &s,
+    );
+    drop(queue);
+    if served.is_ok() {
+        // The HTTP side stops by itself on the signal that stopped us; give
+        // it a moment to send the last events.
+        for _ in 0..20 {
+            if server.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if server.is_finished() {
+            server
+                .join()
+                .map_err(|_| "the HTTP thread panicked".to_owned())??;
+        }
+    }
+    served
+}
+
+/// A follower leaves when rank 0's last plan says so: the SIGTERM or SIGINT
+/// the launcher sends every rank is rank 0's to act on, which ends its
+/// open requests and then sends that plan. (The launcher's SIGKILL, 2 s
+/// later, and the collective timeout still end a follower whose rank 0 is
+/// gone.)
+fn ignore_stop_signals() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for stop in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: SIG_IGN installs no handler code; nothing else in this
+        // process sets these signals' dispositions.
+        if let Err(e) = unsafe { signal(stop, SigHandler::SigIgn) } {
+            eprintln!("safemlx serve: cannot ignore {stop}: {e}");
+        }
+    }
+}

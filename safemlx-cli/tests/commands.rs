@@ -1,0 +1,117 @@
+//! `safemlx generate` and `safemlx chat` on SmolLM2, alone and as 2 ranks
+//! under `safemlx-launch` (whose stdin reaches rank 0); bad options name
+//! the flag.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn model() -> PathBuf {
+    std::env::var_os("SAFEMLX_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/safemlx-dist/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        })
+}
+
+/// `safemlx ARGS` with `input` on stdin, as `ranks` ranks.
+fn safemlx(ranks: usize, args: &[&str], input: &str) -> Output {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_safemlx"));
+    let mut command = if ranks == 1 {
+        Command::new(&exe)
+    } else {
+        let mut c = Command::new(exe.with_file_name("safemlx-launch"));
+        c.args(["-n", &ranks.to_string(), "--timeout", "300", "--"])
+            .arg(&exe);
+        c
+    };
+    let mut child = command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("safemlx");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn generate_and_a_two_turn_chat_answer_alone_and_on_two_ranks() {
+    let path = model();
+    let path = path.to_str().unwrap();
+    for ranks in [1, 2] {
+        let args = [
+            "generate",
+            "--model",
+            path,
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "12",
+        ];
+        let out = safemlx(ranks, &args, "");
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("The capital of France is Paris."),
+            "{}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains(&format!("tokens/s on {ranks} ranks")),
+            "{}",
+            text(&out)
+        );
+        // The second question needs the first: the conversation is kept.
+        let chat = ["chat", "--model", path, "--max-tokens", "16"];
+        let out = safemlx(
+            ranks,
+            &chat,
+            "What is the capital of France?\nAnd of Germany?\n\n",
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let all = text(&out);
+        assert!(all.contains("> The capital of France is Paris."), "{all}");
+        assert!(all.contains("> The capital of Germany is Berlin."), "{all}");
+    }
+}
+
+#[test]
+fn bad_options_name_the_flag() {
+    let out = safemlx(1, &["serve", "--max-concurrent", "0"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("invalid value '0' for '--max-concurrent <MAX_CONCURRENT>'"),
+        "{}",
+        text(&out)
+    );
+    let out = safemlx(
+        1,
+        &["generate", "--prompt", "x", "--model", "/no/such.gguf"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains(
+            "safemlx generate: model /no/such.gguf does not exist; give --model DIR|FILE.gguf"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = safemlx(1, &["generate", "--prompt", "x", "--temperature=-1"], "");
+    assert!(
+        text(&out).contains("the temperature is -1"),
+        "{}",
+        text(&out)
+    );
+}

@@ -1,0 +1,91 @@
+//! Faults of a running server: a killed rank ends the run and its open
+//! stream; SIGTERM to the launcher ends the open stream with an error
+//! event and stops every rank.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::{open_stream, Server};
+
+#[test]
+fn a_killed_rank_ends_the_open_stream_and_the_run() {
+    let mut server = Server::start(2, &[]);
+    let port = server.port;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
+    let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
+    // Rank 1: the safemlx process of this port whose MLX_RANK is 1.
+    let rank1 = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            cmd.starts_with(env!("CARGO_BIN_EXE_safemlx"))
+                && cmd.contains(&port.to_string())
+                && env.split(|&b| b == 0).any(|v| v == b"MLX_RANK=1")
+        })
+        .expect("rank 1's process");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &rank1.to_string()])
+        .status()
+        .unwrap();
+    // The stream ends (no [DONE]) and the launcher ends the run, naming rank 1.
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l == "data: [DONE]"));
+    let status = loop {
+        if let Some(status) = server.launcher.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the run did not end:\n{}",
+            server.output()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success());
+    assert!(killed.elapsed() < Duration::from_secs(30));
+    assert!(
+        server
+            .output()
+            .contains("rank 1 failed (signal: 9 (SIGKILL)); the other ranks were stopped"),
+        "{}",
+        server.output()
+    );
+    client.wait().unwrap();
+}
+
+#[test]
+fn sigterm_to_the_launcher_ends_the_open_stream_with_an_error_event() {
+    let mut server = Server::start(2, &[]);
+    let port = server.port;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
+    let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
+    let signalled = Instant::now();
+    let pid = server.launcher.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let last = lines
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("data: "))
+        .last()
+        .expect("events after the signal");
+    let event: Value = serde_json::from_str(last.trim_start_matches("data: ")).expect("JSON");
+    assert_eq!(
+        event["error"]["message"], "the server is stopping",
+        "{last}"
+    );
+    server.launcher.wait().unwrap();
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+    let output = server.output();
+    assert!(
+        output.contains("safemlx serve: SIGTERM: no new requests; ending the open ones"),
+        "{output}"
+    );
+    client.wait().unwrap();
+}
