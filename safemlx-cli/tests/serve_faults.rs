@@ -70,19 +70,20 @@ fn sigterm_to_the_launcher_ends_the_open_stream_with_an_error_event() {
     let signalled = Instant::now();
     let pid = server.launcher.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let last = lines
+    let events: Vec<String> = lines
         .map_while(Result::ok)
         .filter(|l| l.starts_with("data: "))
-        .last()
-        .expect("events after the signal");
-    let event: Value = serde_json::from_str(last.trim_start_matches("data: ")).expect("JSON");
+        .collect();
+    server.launcher.wait().unwrap();
+    let waited = signalled.elapsed();
+    let output = server.output();
+    let last = events.last().map_or("", |e| e.trim_start_matches("data: "));
+    let event: Value = serde_json::from_str(last).unwrap_or_default();
     assert_eq!(
         event["error"]["message"], "the server is stopping",
-        "{last}"
+        "{events:?}\n{output}"
     );
-    server.launcher.wait().unwrap();
-    assert!(signalled.elapsed() < Duration::from_secs(10));
-    let output = server.output();
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
     assert!(
         output.contains("safemlx serve: SIGTERM: no new requests; ending the open ones"),
         "{output}"

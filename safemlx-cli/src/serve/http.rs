@@ -21,6 +21,7 @@ use axum::{Json, Router};
 use futures_util::{stream, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::watch;
 
 use super::api::{parse, ApiError, Endpoint, Parsed};
 use super::request::{Event, Request};
@@ -28,6 +29,8 @@ use super::request::{Event, Request};
 /// What every handler shares.
 #[derive(Debug)]
 pub struct Shared {
+    /// Set on SIGINT or SIGTERM: open requests end at once with a 503.
+    pub stopped: tokio::sync::watch::Receiver<bool>,
     /// The scheduler's queue.
     pub requests: Sender<Request>,
     /// The served model's name.
@@ -150,7 +153,8 @@ async fn complete(
     if state.requests.send(request).is_err() {
         return ApiError::new(503, "the server is stopping".to_owned()).into_response();
     }
-    let prompt_tokens = match rx.recv().await {
+    let mut stopped = state.stopped.clone();
+    let prompt_tokens = match next_event(&mut rx, &mut stopped).await {
         Some(Event::Started { prompt_tokens }) => prompt_tokens,
         Some(Event::Failed { status, message }) => {
             return ApiError::new(status, message).into_response()
@@ -170,10 +174,12 @@ async fn complete(
             .map_or(0, |d| d.as_secs()),
     };
     if stream_it {
-        return sse(reply, rx, guard);
+        let stopped = state.stopped.clone();
+        return sse(reply, rx, stopped, guard);
     }
     let mut text = String::new();
-    while let Some(event) = rx.recv().await {
+    let mut stopped = state.stopped.clone();
+    while let Some(event) = next_event(&mut rx, &mut stopped).await {
         match event {
             Event::Text(piece) => text.push_str(&piece),
             Event::Done {
@@ -191,6 +197,26 @@ async fn complete(
         }
     }
     ApiError::new(500, "the server stopped".to_owned()).into_response()
+}
+
+/// The scheduler's next event, or a 503 once the server is stopping (the
+/// HTTP side answers at once: the scheduler may be inside a step, and the
+/// launcher kills the ranks 2 s after its SIGTERM).
+async fn next_event(
+    rx: &mut UnboundedReceiver<Event>,
+    stopped: &mut watch::Receiver<bool>,
+) -> Option<Event> {
+    let stopping = Event::Failed {
+        status: 503,
+        message: "the server is stopping".to_owned(),
+    };
+    if *stopped.borrow() {
+        return Some(stopping);
+    }
+    tokio::select! {
+        event = rx.recv() => event,
+        _ = stopped.wait_for(|stop| *stop) => Some(stopping),
+    }
 }
 
 fn to_request(p: Parsed, events: tokio::sync::mpsc::UnboundedSender<Event>) -> Request {
@@ -262,7 +288,7 @@ impl Reply {
 
 /// The stream's state: the scheduler's events, then `[DONE]`, then the end.
 enum Phase {
-    Open(UnboundedReceiver<Event>),
+    Open(UnboundedReceiver<Event>, watch::Receiver<bool>),
     Ending,
     Ended,
 }
@@ -270,12 +296,17 @@ enum Phase {
 /// Server-sent events in OpenAI's chunk format; the usage rides on the
 /// chunk with the finish reason. A client that leaves drops the receiver,
 /// which the scheduler sees at its next step.
-fn sse(reply: Reply, rx: UnboundedReceiver<Event>, guard: InFlight) -> Response {
+fn sse(
+    reply: Reply,
+    rx: UnboundedReceiver<Event>,
+    stopped: watch::Receiver<bool>,
+    guard: InFlight,
+) -> Response {
     let first = Sse::default().data(reply.chunk(Some(""), None, None).to_string());
     let events = stream::unfold(
-        (Phase::Open(rx), reply, guard),
+        (Phase::Open(rx, stopped), reply, guard),
         |(phase, reply, guard)| async move {
-            let Phase::Open(mut rx) = phase else {
+            let Phase::Open(mut rx, mut stopped) = phase else {
                 return match phase {
                     Phase::Ending => Some((
                         Ok(Sse::default().data("[DONE]")),
@@ -285,10 +316,11 @@ fn sse(reply: Reply, rx: UnboundedReceiver<Event>, guard: InFlight) -> Response 
                 };
             };
             loop {
-                let (event, next) = match rx.recv().await {
-                    Some(Event::Text(piece)) => {
-                        (reply.chunk(Some(&piece), None, None), Phase::Open(rx))
-                    }
+                let (event, next) = match next_event(&mut rx, &mut stopped).await {
+                    Some(Event::Text(piece)) => (
+                        reply.chunk(Some(&piece), None, None),
+                        Phase::Open(rx, stopped),
+                    ),
                     Some(Event::Done {
                         finish,
                         prompt_tokens,
@@ -321,8 +353,9 @@ fn sse(reply: Reply, rx: UnboundedReceiver<Event>, guard: InFlight) -> Response 
         .into_response()
 }
 
-/// Serves `router` on `listener` until `stopping` is set (by SIGINT or
-/// SIGTERM, which this also watches): no new connection is taken after.
+/// Serves `router` on `listener` until SIGINT or SIGTERM, which set
+/// `stopping` (for the scheduler) and `stop` (open requests end with a 503
+/// at once); no new connection is taken after.
 ///
 /// # Errors
 /// The listener's or the runtime's error.
@@ -330,6 +363,7 @@ pub async fn run(
     listener: std::net::TcpListener,
     router: Router,
     stopping: Arc<AtomicBool>,
+    stop: watch::Sender<bool>,
 ) -> Result<(), String> {
     listener
         .set_nonblocking(true)
@@ -354,6 +388,7 @@ pub async fn run(
         };
         eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
         stopping.store(true, Ordering::Release);
+        let _ = stop.send(true);
     };
     axum::serve(listener, router)
         .with_graceful_shutdown(signal)

@@ -89,12 +89,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         } else {
             None
         };
+    if listener.is_none() {
+        ignore_stop_signals();
+    }
     let loaded = args.model.load(&group, &s)?;
     let model = &loaded.model;
     let Some(listener) = listener else {
-        ignore_stop_signals();
         return engine::follow(model, bounds, &group, &s);
     };
+    // Every rank has its part of the model before /health answers: the
+    // followers' loop takes this empty plan first.
+    plan::share(Some(&plan::Plan::default()), bounds, &group, &s)?;
     let config = model.config();
     let context = config
         .sliding_window
@@ -116,7 +121,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         None => args.model.name()?,
     };
     let (requests, queue) = mpsc::channel();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let shared = Arc::new(http::Shared {
+        stopped,
         requests,
         model: name.clone(),
         api_key: args.api_key.clone(),
@@ -138,7 +145,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                     .enable_all()
                     .build()
                     .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
-                runtime.block_on(http::run(listener, router, stopping))
+                runtime.block_on(http::run(listener, router, stopping, stop))
             })
             .map_err(|e| format!("cannot start the HTTP thread: {e}"))?
     };
