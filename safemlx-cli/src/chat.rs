@@ -3,7 +3,6 @@
 //! terminal; the other ranks follow its plans as under `serve`.
 
 use std::io::{BufRead, Write};
-use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -64,7 +63,8 @@ pub fn run(args: ChatArgs) -> Result<(), String> {
         &loaded.tokenizer,
         settings,
         &queue,
-        &AtomicBool::new(false),
+        // Never stopped: the chat ends with its input.
+        &tokio::sync::watch::channel(false).1,
         &group,
         &s,
     )?;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use safemlx::{Device, DeviceType, Stream};
-use safemlx_dist::models::{load_with, LlamaConfig, LoadOptions, Loaded, Storage};
+use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{Backend, Group};
 
@@ -139,39 +139,30 @@ impl ModelArgs {
             Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
         };
         let started = Instant::now();
-        let load = |weights| {
-            load_with(group, &path, LoadOptions { weights, experts }, s).map_err(|e| e.to_string())
+        // Every rank of a host may hold its share: keep half free.
+        let available = available_memory();
+        let weights = match self.weights {
+            Weights::Float => Storage::Dequantized,
+            Weights::AsStored => Storage::AsStored,
+            Weights::Auto => Storage::FloatUpTo(available.map_or(0, |a| a / 2)),
         };
-        let first = if self.weights == Weights::Float {
-            Storage::Dequantized
-        } else {
-            Storage::AsStored
-        };
-        let mut loaded = load(first)?;
-        let mut said = match self.weights {
-            Weights::Float => "float32 (--weights float)".to_owned(),
-            _ if !loaded.model.is_quantized() => "as stored (float)".to_owned(),
-            Weights::AsStored => "quantized, as stored (--weights as-stored)".to_owned(),
-            Weights::Auto => {
-                let float = float_bytes(loaded.model.config());
-                let available = available_memory();
-                // Every rank of a host may hold its share: keep half free.
-                if available.is_some_and(|a| float.saturating_mul(2) <= a) {
-                    drop(loaded);
-                    loaded = load(Storage::Dequantized)?;
-                    format!(
-                        "float32, dequantized: on a CPU stream it computes many times faster than quantized, and its {} fit in the {} available (--weights as-stored keeps them quantized)",
-                        mib(float),
-                        mib(available.unwrap_or_default())
-                    )
-                } else {
-                    format!(
-                        "quantized, as stored: the float weights ({}) do not fit in half of the {} available (--weights float dequantizes anyway)",
-                        mib(float),
-                        available.map_or_else(|| "unknown memory".to_owned(), mib)
-                    )
-                }
-            }
+        let loaded = load_with(group, &path, LoadOptions { weights, experts }, s)
+            .map_err(|e| e.to_string())?;
+        let float = loaded.model.config().float_bytes();
+        let available = available.map_or_else(|| "unknown memory".to_owned(), mib);
+        let quantized = loaded.model.is_quantized();
+        let mut said = match (self.weights, quantized) {
+            (Weights::Float, _) => "float32 (--weights float)".to_owned(),
+            (Weights::AsStored, true) => "quantized, as stored (--weights as-stored)".to_owned(),
+            (Weights::Auto, true) => format!(
+                "quantized, as stored: the float weights ({}) do not fit in half of the {available} available (--weights float dequantizes anyway)",
+                mib(float)
+            ),
+            (Weights::Auto, false) => format!(
+                "float32: on a CPU stream it computes many times faster than quantized weights, and its {} fit in half of the {available} available (--weights as-stored keeps quantized weights quantized)",
+                mib(float)
+            ),
+            (Weights::AsStored, false) => "as stored (float)".to_owned(),
         };
         if group.size() > 1 {
             said.push_str(&format!(", split over {} ranks", group.size()));
@@ -185,23 +176,6 @@ impl ModelArgs {
         }
         Ok(loaded)
     }
-}
-
-/// The model's weights in float32, whole: embeddings, LM head, attention,
-/// MLP or experts.
-fn float_bytes(c: &LlamaConfig) -> u64 {
-    let (d, v) = (c.hidden_size as u64, c.vocab_size as u64);
-    let head = if c.tie_word_embeddings { 0 } else { v * d };
-    let attention = d * (c.heads + 2 * c.kv_heads) as u64 * c.head_dim as u64
-        + c.heads as u64 * c.head_dim as u64 * d;
-    let mlp = match &c.moe {
-        Some(moe) => {
-            moe.experts as u64 * 3 * d * moe.hidden as u64
-                + moe.shared_hidden.unwrap_or(0) as u64 * 3 * d
-        }
-        None => 3 * d * c.intermediate_size as u64,
-    };
-    4 * (v * d + head + c.layers as u64 * (attention + mlp))
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.

@@ -9,7 +9,6 @@
 //! empty plan goes out every heartbeat, so the followers' wait stays
 //! within the collective timeout.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use safemlx_dist::models::Llama;
 use safemlx_dist::tokenizer::{TextStream, Tokenizer};
 use safemlx_dist::Group;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use super::batch::Slots;
 use super::plan::{share, Bounds, Plan, Work};
@@ -104,7 +104,7 @@ pub fn lead<'t>(
     tokenizer: &'t Tokenizer,
     settings: Settings,
     requests: &Receiver<Request>,
-    shutdown: &AtomicBool,
+    shutdown: &watch::Receiver<bool>,
     group: &Group,
     s: &Stream,
 ) -> Result<(), String> {
@@ -119,7 +119,7 @@ pub fn lead<'t>(
             }
         };
     loop {
-        if shutdown.load(Ordering::Acquire) {
+        if *shutdown.borrow() {
             // The launcher gives ranks 2 s between SIGTERM and SIGKILL:
             // the open requests end now, with a message.
             for seq in &seqs {

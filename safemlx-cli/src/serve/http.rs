@@ -4,7 +4,7 @@
 //! server-sent events.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -354,15 +354,14 @@ fn sse(
 }
 
 /// Serves `router` on `listener` until SIGINT or SIGTERM, which set
-/// `stopping` (for the scheduler) and `stop` (open requests end with a 503
-/// at once); no new connection is taken after.
+/// `stop`: open requests end with a 503 at once, the scheduler ends its
+/// loop, and no new connection is taken.
 ///
 /// # Errors
 /// The listener's or the runtime's error.
 pub async fn run(
     listener: std::net::TcpListener,
     router: Router,
-    stopping: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
 ) -> Result<(), String> {
     listener
@@ -387,7 +386,6 @@ pub async fn run(
             () = term => "SIGTERM",
         };
         eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
-        stopping.store(true, Ordering::Release);
         let _ = stop.send(true);
     };
     axum::serve(listener, router)

@@ -15,7 +15,7 @@ pub(crate) mod request;
 mod stop;
 
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -122,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     };
     let (requests, queue) = mpsc::channel();
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stopping = stopped.clone();
     let shared = Arc::new(http::Shared {
         stopped,
         requests,
@@ -131,13 +132,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         in_flight: AtomicUsize::new(0),
         next_id: AtomicU64::new(0),
     });
-    let stopping = Arc::new(AtomicBool::new(false));
     let router = http::router(shared, args.max_body);
     let address = listener
         .local_addr()
         .map_err(|e| format!("cannot read the listener's address: {e}"))?;
     let server = {
-        let stopping = Arc::clone(&stopping);
         std::thread::Builder::new()
             .name("safemlx-http".to_owned())
             .spawn(move || {
@@ -145,7 +144,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                     .enable_all()
                     .build()
                     .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
-                runtime.block_on(http::run(listener, router, stopping, stop))
+                runtime.block_on(http::run(listener, router, stop))
             })
             .map_err(|e| format!("cannot start the HTTP thread: {e}"))?
     };

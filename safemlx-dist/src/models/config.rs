@@ -152,6 +152,29 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The whole model's weights in float32, in bytes: embeddings, LM head
+    /// (unless tied), attention, and the MLP or the experts (norms left
+    /// out). What dequantized weights hold, summed over all ranks.
+    pub fn float_bytes(&self) -> u64 {
+        let (d, v) = (self.hidden_size as u64, self.vocab_size as u64);
+        let head = if self.tie_word_embeddings { 0 } else { v * d };
+        let (q, kv, hd) = (
+            self.heads as u64,
+            self.kv_heads as u64,
+            self.head_dim as u64,
+        );
+        let attention = d * (q + 2 * kv) * hd + q * hd * d;
+        let mlp = match &self.moe {
+            Some(moe) => {
+                (moe.experts as u64 * moe.hidden as u64 + moe.shared_hidden.unwrap_or(0) as u64)
+                    * 3
+                    * d
+            }
+            None => 3 * d * self.intermediate_size as u64,
+        };
+        4 * (v * d + head + self.layers as u64 * (attention + mlp))
+    }
+
     /// RoPE frequencies for Llama 3 scaling (`None` for the others): the
     /// wavelength divisor of each rotated pair, as `fast::rope` takes them.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {

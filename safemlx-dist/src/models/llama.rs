@@ -425,14 +425,10 @@ pub(super) const MIXTRAL_EXPERTS: ExpertNames = ExpertNames {
 /// Qwen2-MoE's and Qwen3-MoE's `mlp.experts.{e}.gate_proj`, `up_proj`,
 /// `down_proj`, and Qwen2-MoE's shared expert.
 pub(super) const QWEN_EXPERTS: ExpertNames = ExpertNames {
-    router: "gate.weight",
-    experts: "experts",
-    stacked: ("experts.gate_up_proj", "experts.down_proj"),
     gate: "gate_proj",
     up: "up_proj",
     down: "down_proj",
-    shared: ("shared_expert", MLP),
-    shared_gate: "shared_expert_gate",
+    ..MIXTRAL_EXPERTS
 };
 
 /// The MoE block of a layer (`w` at `model.layers.{i}`): Mixtral's

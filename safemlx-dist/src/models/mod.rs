@@ -54,6 +54,10 @@ pub enum Storage {
     AsStored,
     /// Every tensor dequantized to floats (`--dequantize`), to compare.
     Dequantized,
+    /// Dequantized when the whole model in float32
+    /// ([`LlamaConfig::float_bytes`]) takes at most this many bytes, else as
+    /// stored: decided from the configuration, before any weight is read.
+    FloatUpTo(u64),
 }
 
 /// How a model is loaded.
@@ -82,9 +86,17 @@ pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
 /// Those of the format's reader, the configuration and the tokenizer; the
 /// message names the file and what is wrong.
 pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -> Result<Loaded> {
-    let load = |source: &dyn TensorSource, config| match options.weights {
-        Storage::AsStored => Llama::load(&Weights::new(source, group), config, s),
-        Storage::Dequantized => Llama::load(&Weights::new(&Dequantized(source), group), config, s),
+    let load = |source: &dyn TensorSource, config: LlamaConfig| {
+        let dequantize = match options.weights {
+            Storage::AsStored => false,
+            Storage::Dequantized => true,
+            Storage::FloatUpTo(limit) => config.float_bytes() <= limit,
+        };
+        if dequantize {
+            Llama::load(&Weights::new(&Dequantized(source), group), config, s)
+        } else {
+            Llama::load(&Weights::new(source, group), config, s)
+        }
     };
     let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
         let dir = HfDirectory::open(path)?;
