@@ -1,6 +1,7 @@
 //! `safemlx chat`: a conversation in the terminal. Rank 0 reads the
 //! user's lines and runs the server's scheduler with one client, the
-//! terminal; the other ranks follow its plans as under `serve`.
+//! terminal; the other ranks follow its plans as under `serve`. Each turn
+//! reuses the cache the last one left: only the new message is computed.
 
 use std::io::{BufRead, Write};
 use std::sync::mpsc;
@@ -55,6 +56,7 @@ pub fn run(args: ChatArgs) -> Result<(), String> {
             .min(Duration::from_secs(2)),
         max_cache: usize::MAX,
         cache_bytes_per_token: 0,
+        prompt_cache: true,
     };
     let (requests, queue) = mpsc::channel();
     let terminal = std::thread::spawn(move || talk(&args, &requests));
@@ -110,6 +112,7 @@ fn talk(args: &ChatArgs, requests: &mpsc::Sender<Request>) -> Result<(), String>
             .send(request)
             .map_err(|_| "the model stopped".to_owned())?;
         let mut reply = String::new();
+        let started = std::time::Instant::now();
         while let Some(event) = rx.blocking_recv() {
             match event {
                 Event::Text(piece) => {
@@ -117,12 +120,23 @@ fn talk(args: &ChatArgs, requests: &mpsc::Sender<Request>) -> Result<(), String>
                     let _ = out.flush();
                     reply.push_str(&piece);
                 }
-                Event::Done { .. } => break,
+                Event::Done { usage, .. } => {
+                    let _ = writeln!(out);
+                    // The figures go to standard error: the reply alone
+                    // is standard output.
+                    eprintln!(
+                        "[{} tokens in {:.1} s; prompt {} tokens, {} of them from the cache]",
+                        usage.completion_tokens,
+                        started.elapsed().as_secs_f64(),
+                        usage.prompt_tokens,
+                        usage.cached_tokens
+                    );
+                    break;
+                }
                 Event::Failed { message, .. } => return Err(message),
-                Event::Started { .. } => {}
+                Event::Started => {}
             }
         }
-        let _ = writeln!(out);
         conversation.push(("assistant".to_owned(), reply));
     }
 }

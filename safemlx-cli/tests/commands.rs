@@ -83,7 +83,31 @@ fn generate_and_a_two_turn_chat_answer_alone_and_on_two_ranks() {
         let all = text(&out);
         assert!(all.contains("> The capital of France is Paris."), "{all}");
         assert!(all.contains("> The capital of Germany is Berlin."), "{all}");
+        // The second turn computes only what is new: its prompt starts
+        // with the first turn's prompt, which is in the cache.
+        let turns = usage_lines(&String::from_utf8_lossy(&out.stderr));
+        assert_eq!(turns.len(), 2, "{all}");
+        let ((first_prompt, first_cached), (second_prompt, second_cached)) = (turns[0], turns[1]);
+        assert_eq!(first_cached, 0, "{all}");
+        assert!(
+            second_cached >= first_prompt && second_cached < second_prompt,
+            "{all}"
+        );
     }
+}
+
+/// (prompt tokens, cached tokens) of each of chat's
+/// `[N tokens in S s; prompt P tokens, C of them from the cache]` lines.
+fn usage_lines(stderr: &str) -> Vec<(usize, usize)> {
+    stderr
+        .lines()
+        .filter_map(|line| {
+            let rest = line.split("; prompt ").nth(1)?;
+            let (prompt, rest) = rest.split_once(" tokens, ")?;
+            let cached = rest.strip_suffix(" of them from the cache]")?;
+            Some((prompt.parse().ok()?, cached.parse().ok()?))
+        })
+        .collect()
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! `safemlx serve` on SmolLM2 under `safemlx-launch` at 1 and 2 ranks,
 //! driven by real clients: curl and OpenAI's Python package (its
 //! environment comes from `cargo xtask test`, `SAFEMLX_OPENAI_PYTHON`).
-//! Streaming and not; 8 concurrent greedy requests give the texts they
-//! give one by one; bad requests get OpenAI's error bodies and the server
+//! Streaming and not; 16 concurrent greedy requests give the texts they
+//! give one by one; a repeated prompt is found in the cache; bad requests get OpenAI's error bodies and the server
 //! keeps serving; a client that leaves frees its place.
 
 mod common;
@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use common::{curl, open_stream, post, streamed, Server};
 
-const QUESTIONS: [&str; 8] = [
+const QUESTIONS: [&str; 16] = [
     "The capital of France is",
     "Water boils at",
     "The largest planet in the solar system is",
@@ -23,6 +23,14 @@ const QUESTIONS: [&str; 8] = [
     "The three primary colors are",
     "Once upon a time, a dragon",
     "The chemical symbol for gold is",
+    "My favourite season is",
+    "SELECT name FROM",
+    "The speed of light is",
+    "Dear diary, today",
+    "Photosynthesis is the process",
+    "In 1969, astronauts",
+    "A good breakfast includes",
+    "The opposite of hot is",
 ];
 
 fn completion(question: &str) -> Value {
@@ -32,7 +40,17 @@ fn completion(question: &str) -> Value {
 #[test]
 fn one_and_two_ranks_answer_curl_and_the_openai_client_alone_and_batched() {
     for ranks in [1, 2] {
-        let server = Server::start(ranks, &[]);
+        // At 2 ranks without the prompt cache: the batch below then
+        // computes every prompt, where at 1 rank it finds most of each in
+        // the caches the requests one by one left.
+        let server = Server::start(
+            ranks,
+            if ranks == 1 {
+                &[]
+            } else {
+                &["--no-prompt-cache"]
+            },
+        );
         let port = server.port;
         let chat = json!({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "max_tokens": 24,
             "temperature": 0, "messages": [{"role": "user", "content": "What is the capital of France?"}]});
@@ -52,7 +70,19 @@ fn one_and_two_ranks_answer_curl_and_the_openai_client_alone_and_batched() {
                     + usage["completion_tokens"].as_u64().unwrap()
             )
         );
-        // One by one, then all 8 at once: the same greedy texts.
+        assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+        // The same again: all but the prompt's last token come from the
+        // cache the first left, and the text is the same.
+        let (status, again) = post(port, "/v1/chat/completions", &chat);
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"][0]["message"]["content"], content.as_str());
+        let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(
+            again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+            Some(if ranks == 1 { prompt_tokens - 1 } else { 0 }),
+            "{again}"
+        );
+        // One by one, then all 16 at once: the same greedy texts.
         let alone: Vec<String> = QUESTIONS
             .iter()
             .map(|q| {

@@ -1,8 +1,8 @@
 //! A batch of sequences of different lengths at their own positions, in
 //! one forward pass: every sequence's logits equal those of running it
 //! alone, for dense, Phi-3 and MoE models at 1 to 4 ranks (the property
-//! continuous batching relies on); and the batch's errors name the
-//! sequence.
+//! continuous batching relies on); a truncated cache continues as a fresh
+//! one would; and the batch's errors name the sequence.
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +89,20 @@ fn check(group: &Group) {
         let got = host(gather_logits(&last, 0..3, &s).unwrap().local(), &s);
         let err = max_relative_error(&got, &want);
         assert!(err <= 1e-4, "{what}: batched decode relative error {err}");
+        // A cache cut back to its first 2 positions continues as if only
+        // they had been fed (a server reusing a finished sequence's prefix).
+        let [_, cb, _] = &mut caches;
+        cb.truncate(2);
+        assert_eq!(cb.len(), 2, "{what}: the truncated cache's positions");
+        let got = alone(&model, &prompt[..3], cb, &s);
+        let mut fresh = model.new_cache();
+        model.forward(&prompt[2..4], &mut fresh, &s).unwrap();
+        let want = alone(&model, &prompt[..3], &mut fresh, &s);
+        let err = max_relative_error(&got, &want);
+        assert!(
+            err <= 1e-4,
+            "{what}: after truncation, relative error {err}"
+        );
     }
 }
 

@@ -20,8 +20,9 @@ impl Slots {
         }
     }
 
-    /// Runs `plan` on this rank: drops the freed slots' caches, then feeds
-    /// the batch in one forward pass. Returns the logits of each
+    /// Runs `plan` on this rank: drops the freed slots' caches, starts or
+    /// cuts back each fed slot's cache to the work's start, then feeds the
+    /// batch in one forward pass. Returns the logits of each
     /// sequence's last token (one row of the vocabulary each, in batch
     /// order) when `rows` is set; every rank takes part in the gather.
     ///
@@ -47,13 +48,17 @@ impl Slots {
                 .caches
                 .get_mut(w.slot)
                 .ok_or_else(|| format!("the plan names slot {}, beyond the slots", w.slot))?;
-            if w.new {
-                *cache = Some(model.new_cache());
-            } else if cache.is_none() {
-                return Err(format!(
-                    "the plan continues slot {}, which holds no sequence",
-                    w.slot
-                ));
+            match cache {
+                _ if w.start == 0 => *cache = Some(model.new_cache()),
+                Some(held) if w.start <= held.len() => held.truncate(w.start),
+                held => {
+                    return Err(format!(
+                        "the plan feeds slot {} at position {}, but its cache holds {} positions",
+                        w.slot,
+                        w.start,
+                        held.as_ref().map_or(0, KvCache::len)
+                    ))
+                }
             }
         }
         let mut by_slot: Vec<Option<&mut KvCache>> =

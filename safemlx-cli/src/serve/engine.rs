@@ -1,7 +1,8 @@
 //! Rank 0's scheduler: continuous batching.
 //!
-//! Every step, the sequences that ended free their slots, waiting requests
-//! take free slots, and one batch runs: one token for every decoding
+//! Every step, the sequences that ended leave their slots (their caches
+//! stay, for a later prompt that starts the same way: [`Held`]), waiting
+//! requests take slots, and one batch runs: one token for every decoding
 //! sequence and at most one prefill chunk of prompt tokens (so a new
 //! prompt stalls the others' decode by one chunk at most). Rank 0 samples
 //! each sequence's next token with the request's own sampler and streams
@@ -21,8 +22,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
 use super::batch::Slots;
+use super::held::Held;
 use super::plan::{share, Bounds, Plan, Work};
-use super::request::{Event, Finish, Prompt, Request};
+use super::request::{Event, Finish, Prompt, Request, Usage};
 use super::stop::StopText;
 
 /// How the scheduler runs.
@@ -39,14 +41,21 @@ pub struct Settings {
     pub max_cache: usize,
     /// The KV cache bytes of one token on the rank that holds the most.
     pub cache_bytes_per_token: usize,
+    /// Ended sequences' caches stay for later prompts that start the same
+    /// way ([`Held`]); otherwise they are dropped at once.
+    pub prompt_cache: bool,
 }
 
 /// A request from its acceptance to its end.
 struct Sequence<'t> {
     slot: Option<usize>,
     prompt: Vec<u32>,
-    /// Prompt tokens fed so far.
+    /// Prompt tokens fed so far (or found in the slot's cache).
     fed: usize,
+    /// Prompt tokens found in the slot's cache.
+    cached: usize,
+    /// The tokens in the slot's cache, in order.
+    history: Vec<u32>,
     generated: usize,
     /// The token fed at the next decode step.
     last: u32,
@@ -86,8 +95,11 @@ impl Sequence<'_> {
         }
         self.send(Event::Done {
             finish,
-            prompt_tokens: self.prompt.len(),
-            completion_tokens: self.generated,
+            usage: Usage {
+                prompt_tokens: self.prompt.len(),
+                completion_tokens: self.generated,
+                cached_tokens: self.cached,
+            },
         });
         self.ended = true;
     }
@@ -110,6 +122,7 @@ pub fn lead<'t>(
 ) -> Result<(), String> {
     let mut slots = Slots::new(settings.bounds.slots);
     let mut seqs: Vec<Sequence<'t>> = Vec::new();
+    let mut held = Held::new(settings.bounds.slots);
     let mut free: Vec<usize> = Vec::new();
     let admit =
         |r: Request, seqs: &mut Vec<Sequence<'t>>| match accept(r, model, tokenizer, &settings) {
@@ -142,15 +155,19 @@ pub fn lead<'t>(
         while let Ok(r) = requests.try_recv() {
             admit(r, &mut seqs);
         }
-        // Ended sequences and clients that left free their slots.
-        seqs.retain(|seq| {
-            let keep = !seq.ended && !seq.events.is_closed();
-            if !keep {
-                free.extend(seq.slot);
+        // Ended sequences and clients that left leave their caches.
+        let (ended, running) = std::mem::take(&mut seqs)
+            .into_iter()
+            .partition::<Vec<_>, _>(|q| q.ended || q.events.is_closed());
+        seqs = running;
+        for seq in ended {
+            match seq.slot {
+                Some(slot) if settings.prompt_cache => held.keep(slot, seq.history),
+                Some(slot) => free.push(slot),
+                None => {}
             }
-            keep
-        });
-        assign_slots(&mut seqs, &free, &settings);
+        }
+        assign_slots(&mut seqs, &mut held, &mut free, &settings);
         let plan = Plan {
             stop: false,
             free: std::mem::take(&mut free),
@@ -174,6 +191,7 @@ pub fn lead<'t>(
             let Some(seq) = seqs.iter_mut().find(|q| q.slot == Some(w.slot)) else {
                 continue;
             };
+            seq.history.extend_from_slice(&w.tokens);
             if seq.fed < seq.prompt.len() {
                 seq.fed += w.tokens.len();
                 if seq.fed < seq.prompt.len() {
@@ -266,13 +284,13 @@ fn accept<'t>(
     }
     let sampler =
         Sampler::new(r.temperature, r.top_p, r.seed).map_err(|e| refuse(e.to_string()))?;
-    let _ = r.events.send(Event::Started {
-        prompt_tokens: prompt.len(),
-    });
+    let _ = r.events.send(Event::Started);
     let mut seq = Sequence {
         slot: None,
         prompt,
         fed: 0,
+        cached: 0,
+        history: Vec::new(),
         generated: 0,
         last: 0,
         max_tokens,
@@ -288,9 +306,17 @@ fn accept<'t>(
     Ok(seq)
 }
 
-/// Gives waiting sequences, oldest first, the slots no sequence holds
-/// while their KV cache reservations fit.
-fn assign_slots(seqs: &mut [Sequence], freed: &[usize], settings: &Settings) {
+/// Gives waiting sequences, oldest first, slots no running sequence
+/// holds (reusing the longest prefix an ended one left, [`Held::place`])
+/// while their KV cache reservations fit beside the running ones' and the
+/// held caches; held caches are dropped, oldest first, to make room (their
+/// slots go to `free`, so every rank drops them).
+fn assign_slots(
+    seqs: &mut [Sequence],
+    held: &mut Held,
+    free: &mut Vec<usize>,
+    settings: &Settings,
+) {
     let per_token = settings.cache_bytes_per_token;
     let mut reserved: usize = seqs
         .iter()
@@ -298,18 +324,26 @@ fn assign_slots(seqs: &mut [Sequence], freed: &[usize], settings: &Settings) {
         .map(|q| q.reserved(per_token))
         .sum();
     let mut taken: Vec<usize> = seqs.iter().filter_map(|q| q.slot).collect();
-    taken.extend_from_slice(freed);
     for seq in seqs.iter_mut().filter(|q| q.slot.is_none() && !q.ended) {
-        let Some(slot) = (0..settings.bounds.slots).find(|k| !taken.contains(k)) else {
+        let Some(place) = held.place(&seq.prompt, &taken) else {
             return;
         };
         let need = seq.reserved(per_token);
-        if reserved + need > settings.max_cache {
-            return;
+        let mut keep_out = taken.clone();
+        keep_out.push(place.slot);
+        while reserved + need + held.positions_except(place.slot) * per_token > settings.max_cache {
+            let Some(slot) = held.evict(&keep_out) else {
+                return;
+            };
+            free.push(slot);
         }
+        held.take(place.slot);
         reserved += need;
-        taken.push(slot);
-        seq.slot = Some(slot);
+        taken.push(place.slot);
+        seq.slot = Some(place.slot);
+        seq.fed = place.reuse;
+        seq.cached = place.reuse;
+        seq.history = seq.prompt[..place.reuse].to_vec();
     }
 }
 
@@ -322,7 +356,7 @@ fn batch(seqs: &[Sequence], chunk: usize) -> Vec<Work> {
         .filter_map(|q| {
             q.slot.map(|slot| Work {
                 slot,
-                new: false,
+                start: q.history.len(),
                 tokens: vec![q.last],
             })
         })
@@ -336,7 +370,7 @@ fn batch(seqs: &[Sequence], chunk: usize) -> Vec<Work> {
         budget -= n;
         work.push(Work {
             slot,
-            new: q.fed == 0,
+            start: q.history.len(),
             tokens: q.prompt[q.fed..q.fed + n].to_vec(),
         });
     }

@@ -24,7 +24,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::watch;
 
 use super::api::{parse, ApiError, Endpoint, Parsed};
-use super::request::{Event, Request};
+use super::request::{Event, Request, Usage};
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -154,8 +154,8 @@ async fn complete(
         return ApiError::new(503, "the server is stopping".to_owned()).into_response();
     }
     let mut stopped = state.stopped.clone();
-    let prompt_tokens = match next_event(&mut rx, &mut stopped).await {
-        Some(Event::Started { prompt_tokens }) => prompt_tokens,
+    match next_event(&mut rx, &mut stopped).await {
+        Some(Event::Started) => {}
         Some(Event::Failed { status, message }) => {
             return ApiError::new(status, message).into_response()
         }
@@ -182,18 +182,14 @@ async fn complete(
     while let Some(event) = next_event(&mut rx, &mut stopped).await {
         match event {
             Event::Text(piece) => text.push_str(&piece),
-            Event::Done {
-                finish,
-                completion_tokens,
-                ..
-            } => {
-                let usage = usage(prompt_tokens, completion_tokens);
+            Event::Done { finish, usage } => {
+                let usage = usage_json(&usage);
                 return Json(reply.whole(&text, finish.as_str(), usage)).into_response();
             }
             Event::Failed { status, message } => {
                 return ApiError::new(status, message).into_response()
             }
-            Event::Started { .. } => {}
+            Event::Started => {}
         }
     }
     ApiError::new(500, "the server stopped".to_owned()).into_response()
@@ -231,9 +227,10 @@ fn to_request(p: Parsed, events: tokio::sync::mpsc::UnboundedSender<Event>) -> R
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+fn usage_json(u: &Usage) -> Value {
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens}})
 }
 
 /// The fields every response and chunk of one request shares.
@@ -321,22 +318,14 @@ fn sse(
                         reply.chunk(Some(&piece), None, None),
                         Phase::Open(rx, stopped),
                     ),
-                    Some(Event::Done {
-                        finish,
-                        prompt_tokens,
-                        completion_tokens,
-                    }) => (
-                        reply.chunk(
-                            None,
-                            Some(finish.as_str()),
-                            Some(usage(prompt_tokens, completion_tokens)),
-                        ),
+                    Some(Event::Done { finish, usage }) => (
+                        reply.chunk(None, Some(finish.as_str()), Some(usage_json(&usage))),
                         Phase::Ending,
                     ),
                     Some(Event::Failed { status, message }) => {
                         (ApiError::new(status, message).body(), Phase::Ended)
                     }
-                    Some(Event::Started { .. }) => continue,
+                    Some(Event::Started) => continue,
                     None => (
                         ApiError::new(500, "the server stopped".to_owned()).body(),
                         Phase::Ended,

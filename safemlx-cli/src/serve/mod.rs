@@ -9,6 +9,7 @@
 mod api;
 mod batch;
 pub(crate) mod engine;
+mod held;
 mod http;
 pub(crate) mod plan;
 pub(crate) mod request;
@@ -66,6 +67,11 @@ pub struct ServeArgs {
     /// max_tokens for a request that gives none (cut to the context)
     #[arg(long, default_value_t = 512)]
     pub default_max_tokens: usize,
+    /// Drop an ended request's KV cache at once instead of keeping it for
+    /// a later prompt that starts the same way (the next turn of a
+    /// conversation, a shared system prompt)
+    #[arg(long)]
+    pub no_prompt_cache: bool,
 }
 
 /// Runs the server on this rank until rank 0 stops it.
@@ -115,6 +121,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             .min(Duration::from_secs(2)),
         max_cache: args.max_cache.saturating_mul(1 << 20),
         cache_bytes_per_token: 2 * config.layers * kv_heads * config.head_dim * 4,
+        prompt_cache: !args.no_prompt_cache,
     };
     let name = match &args.model_id {
         Some(id) => id.clone(),

@@ -2,7 +2,7 @@
 //!
 //! Rank 0 decides; every rank computes. A step frees the cache slots of
 //! sequences that ended and runs one batch: for each sequence its slot,
-//! whether the slot starts a new sequence, and the tokens to feed (one
+//! the position its tokens start at (0 for a new sequence), and the tokens to feed (one
 //! for a decoding sequence, a chunk of the prompt for a prefilling one).
 //! The plan travels as one `all_sum` of a fixed-size `int32` buffer (rank
 //! 0 writes it, the others add zeros), so every rank knows its size from
@@ -31,8 +31,10 @@ pub struct Plan {
 pub struct Work {
     /// Its cache slot.
     pub slot: usize,
-    /// The slot starts a new sequence (a new, empty cache).
-    pub new: bool,
+    /// The position of the first token fed: 0 starts a new, empty cache;
+    /// less than the slot's cached positions cuts the cache back to it
+    /// (a new sequence reusing a prefix an ended one left).
+    pub start: usize,
     /// The tokens fed this step.
     pub tokens: Vec<u32>,
 }
@@ -84,7 +86,7 @@ impl Plan {
         }
         out.push(int(self.work.len())?);
         for w in &self.work {
-            out.extend([int(w.slot)?, i32::from(w.new), int(w.tokens.len())?]);
+            out.extend([int(w.slot)?, int(w.start)?, int(w.tokens.len())?]);
             for &t in &w.tokens {
                 out.push(i32::try_from(t).map_err(|_| format!("token {t} does not fit a plan"))?);
             }
@@ -136,11 +138,8 @@ impl Plan {
             if work.iter().any(|w| w.slot == at) {
                 return Err(format!("the plan from rank 0 names slot {at} twice"));
             }
-            let new = match next("new flag")? {
-                0 => false,
-                1 => true,
-                other => return Err(bad("new flag", other)),
-            };
+            let start = next("start")?;
+            let start = usize::try_from(start).map_err(|_| bad("start", start))?;
             let n = count(next("token count")?, tokens_left, "token count")?;
             if n == 0 {
                 return Err(format!("the plan from rank 0 feeds slot {at} no token"));
@@ -154,7 +153,7 @@ impl Plan {
                 .collect::<Result<_, _>>()?;
             work.push(Work {
                 slot: at,
-                new,
+                start,
                 tokens,
             });
         }
@@ -207,12 +206,12 @@ mod tests {
             work: vec![
                 Work {
                     slot: 0,
-                    new: true,
+                    start: 0,
                     tokens: vec![5, 6, 7],
                 },
                 Work {
                     slot: 3,
-                    new: false,
+                    start: 40,
                     tokens: vec![9],
                 },
             ],
@@ -239,6 +238,12 @@ mod tests {
             Plan::decode(&twice, B).unwrap_err(),
             "the plan from rank 0 names slot 0 twice"
         );
+        let mut start = buffer.clone();
+        start[6] = -1; // the first sequence's start
+        assert_eq!(
+            Plan::decode(&start, B).unwrap_err(),
+            "the plan from rank 0 has start -1"
+        );
         let mut tokens = buffer.clone();
         tokens[7] = 13; // the first sequence's token count
         assert_eq!(
@@ -252,7 +257,7 @@ mod tests {
         let over = Plan {
             work: vec![Work {
                 slot: 0,
-                new: true,
+                start: 0,
                 tokens: vec![1; 13],
             }],
             ..Plan::default()

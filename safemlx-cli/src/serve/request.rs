@@ -50,15 +50,21 @@ impl Finish {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The prompt is tokenized and accepted.
-    Started { prompt_tokens: usize },
+    Started,
     /// Generated text.
     Text(String),
     /// The end, with the usage counts.
-    Done {
-        finish: Finish,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-    },
+    Done { finish: Finish, usage: Usage },
     /// Refused or ended by a fault: the HTTP status and the message.
     Failed { status: u16, message: String },
+}
+
+/// A request's token counts, as OpenAI's `usage` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens found in a cache an ended sequence left (not
+    /// computed again).
+    pub cached_tokens: usize,
 }

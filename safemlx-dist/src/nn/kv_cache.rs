@@ -38,6 +38,11 @@ pub trait LayerKv: std::fmt::Debug + Send {
     /// its positions agree with the other ranks'.
     fn skip(&mut self, t: usize);
 
+    /// Keeps only the first `len` positions (no-op when it holds fewer):
+    /// the next append writes at `len`. A server reuses a finished
+    /// sequence's cache for a new prompt that starts the same way.
+    fn truncate(&mut self, len: usize);
+
     /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns the
     /// keys and values attention reads, `[1, kv_heads, S, head_dim]`.
     ///
@@ -70,6 +75,12 @@ impl LayerKv for LayerCache {
 
     fn skip(&mut self, t: usize) {
         self.len += t;
+    }
+
+    /// Positions past `len` stay in the buffers until overwritten; reads
+    /// stop at the length.
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
     }
 
     /// Every cached position's keys and values.
@@ -154,6 +165,14 @@ impl KvCache {
     /// Whether nothing is cached yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Keeps only the first `len` positions of every layer
+    /// ([`LayerKv::truncate`]).
+    pub fn truncate(&mut self, len: usize) {
+        for layer in &mut self.layers {
+            layer.truncate(len);
+        }
     }
 
     /// Bytes of every layer's cache on this rank.
