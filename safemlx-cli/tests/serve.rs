@@ -161,6 +161,8 @@ fn bad_requests_get_openai_errors_and_a_client_that_leaves_frees_its_place() {
             "0",
             "--max-body",
             "100000",
+            "--max-cache",
+            "64",
         ],
     );
     let port = server.port;
@@ -176,7 +178,7 @@ fn bad_requests_get_openai_errors_and_a_client_that_leaves_frees_its_place() {
     let (status, body) = curl(port, "POST", "/v1/chat/completions", Some(hello), &[]);
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("authentication_error"), "{body}");
-    let cases: [(&str, u16, &str, &str); 9] = [
+    let cases: [(&str, u16, &str, &str); 10] = [
         (
             "{\"messages\": [",
             400,
@@ -213,6 +215,13 @@ fn bad_requests_get_openai_errors_and_a_client_that_leaves_frees_its_place() {
             400,
             "",
             "give max_tokens at most",
+        ),
+        (
+            // 64 MiB hold 1456 positions of SmolLM2's float32 cache.
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3000}"#,
+            400,
+            "",
+            "more than its --max-cache of 67108864 bytes",
         ),
         (
             r#"{"messages": [{"role": "user", "content": 3}]}"#,
@@ -258,7 +267,7 @@ fn bad_requests_get_openai_errors_and_a_client_that_leaves_frees_its_place() {
     // A long stream holds the only place: another request gets 429; when
     // its client leaves, the place is free again.
     let long_stream = json!({"messages": [{"role": "user", "content": "Write a long story."}],
-        "max_tokens": 4000, "stream": true});
+        "max_tokens": 1000, "stream": true});
     let (mut client, lines) = open_stream(
         port,
         "/v1/chat/completions",

@@ -1,8 +1,9 @@
 //! A batch of sequences of different lengths at their own positions, in
 //! one forward pass: every sequence's logits equal those of running it
 //! alone, for dense, Phi-3 and MoE models at 1 to 4 ranks (the property
-//! continuous batching relies on); a truncated cache continues as a fresh
-//! one would; and the batch's errors name the sequence.
+//! continuous batching relies on), on one cache per sequence and on a
+//! server's slot cache; a truncated cache continues as a fresh one would;
+//! and the batch's errors name the sequence.
 
 use std::path::{Path, PathBuf};
 
@@ -129,6 +130,22 @@ fn a_bad_batch_names_the_sequence() {
             let (mut one, mut two) = (model.new_cache(), model.new_cache());
             assert_eq!(
                 error(&mut [(&[1, 2], &mut one), (&[], &mut two)]),
+                "sequence 1 of the batch has no tokens"
+            );
+            let mut slots = model.new_slots(2);
+            let slot_error = |batch: &[(usize, &[u32])], slots: &mut safemlx_dist::nn::SlotCache| {
+                model.forward_last_slots(batch, slots, &s).unwrap_err().to_string()
+            };
+            assert_eq!(
+                slot_error(&[(2, &[1])], &mut slots),
+                "sequence 0 of the batch names slot 2 of 2"
+            );
+            assert_eq!(
+                slot_error(&[(1, &[1]), (1, &[2])], &mut slots),
+                "sequence 1 of the batch names slot 1 again"
+            );
+            assert_eq!(
+                slot_error(&[(0, &[1]), (1, &[])], &mut slots),
                 "sequence 1 of the batch has no tokens"
             );
             let mut short = KvCache::new(1);

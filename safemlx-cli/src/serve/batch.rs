@@ -2,32 +2,34 @@
 
 use safemlx::Stream;
 use safemlx_dist::models::Llama;
-use safemlx_dist::nn::{gather_logits, KvCache};
+use safemlx_dist::nn::{gather_logits, SlotCache};
 
 use super::plan::Plan;
 
-/// One KV cache per slot; a slot without a sequence holds none.
+/// Every slot's KV cache in one [`SlotCache`]: the decoding sequences of a
+/// step attend in one call per layer, however many they are.
 #[derive(Debug)]
 pub struct Slots {
-    caches: Vec<Option<KvCache>>,
+    cache: SlotCache,
 }
 
 impl Slots {
-    /// `n` empty slots.
-    pub fn new(n: usize) -> Self {
+    /// `n` empty slots for `model`.
+    pub fn new(model: &Llama, n: usize) -> Self {
         Self {
-            caches: (0..n).map(|_| None).collect(),
+            cache: model.new_slots(n),
         }
     }
 
-    /// Runs `plan` on this rank: drops the freed slots' caches, starts or
-    /// cuts back each fed slot's cache to the work's start, then feeds the
-    /// batch in one forward pass. Returns the logits of each
-    /// sequence's last token (one row of the vocabulary each, in batch
-    /// order) when `rows` is set; every rank takes part in the gather.
+    /// Runs `plan` on this rank: empties the freed slots, cuts each fed
+    /// slot back to the work's start (0 for a new sequence), then feeds the
+    /// batch in one forward pass. Returns the logits of each sequence's
+    /// last token (one row of the vocabulary each, in batch order) when
+    /// `rows` is set; every rank takes part in the gather.
     ///
     /// # Errors
-    /// A plan that names a slot without a sequence, or the model's error.
+    /// A plan that starts a slot beyond what it holds, or the model's
+    /// error.
     pub fn run(
         &mut self,
         model: &Llama,
@@ -36,43 +38,30 @@ impl Slots {
         s: &Stream,
     ) -> Result<Vec<Vec<f32>>, String> {
         for &slot in &plan.free {
-            if let Some(cache) = self.caches.get_mut(slot) {
-                *cache = None;
-            }
+            self.cache.truncate(slot, 0);
         }
         if plan.work.is_empty() {
             return Ok(Vec::new());
         }
         for w in &plan.work {
-            let cache = self
-                .caches
-                .get_mut(w.slot)
-                .ok_or_else(|| format!("the plan names slot {}, beyond the slots", w.slot))?;
-            match cache {
-                _ if w.start == 0 => *cache = Some(model.new_cache()),
-                Some(held) if w.start <= held.len() => held.truncate(w.start),
-                held => {
-                    return Err(format!(
-                        "the plan feeds slot {} at position {}, but its cache holds {} positions",
-                        w.slot,
-                        w.start,
-                        held.as_ref().map_or(0, KvCache::len)
-                    ))
-                }
+            let held = self.cache.len(w.slot);
+            if w.start > held {
+                return Err(format!(
+                    "the plan feeds slot {} at position {}, but its cache holds {held} positions",
+                    w.slot, w.start
+                ));
             }
+            self.cache.truncate(w.slot, w.start);
         }
-        let mut by_slot: Vec<Option<&mut KvCache>> =
-            self.caches.iter_mut().map(Option::as_mut).collect();
-        let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(plan.work.len());
-        for w in &plan.work {
-            let cache = by_slot
-                .get_mut(w.slot)
-                .and_then(Option::take)
-                .ok_or_else(|| format!("the plan names slot {} twice", w.slot))?;
-            batch.push((&w.tokens, cache));
-        }
+        let batch: Vec<(usize, &[u32])> = plan
+            .work
+            .iter()
+            .map(|w| (w.slot, w.tokens.as_slice()))
+            .collect();
         let err = |e: safemlx_dist::Error| e.to_string();
-        let logits = model.forward_last_batch(&mut batch, s).map_err(err)?;
+        let logits = model
+            .forward_last_slots(&batch, &mut self.cache, s)
+            .map_err(err)?;
         let b = plan.work.len();
         let full = gather_logits(&logits, 0..b, s).map_err(err)?;
         let full = full

@@ -68,10 +68,6 @@ struct Sequence<'t> {
 }
 
 impl Sequence<'_> {
-    fn reserved(&self, per_token: usize) -> usize {
-        (self.prompt.len() + self.max_tokens).saturating_mul(per_token)
-    }
-
     fn send(&self, event: Event) {
         // A client that left is noticed at the next step (`is_closed`).
         let _ = self.events.send(event);
@@ -120,7 +116,7 @@ pub fn lead<'t>(
     group: &Group,
     s: &Stream,
 ) -> Result<(), String> {
-    let mut slots = Slots::new(settings.bounds.slots);
+    let mut slots = Slots::new(model, settings.bounds.slots);
     let mut seqs: Vec<Sequence<'t>> = Vec::new();
     let mut held = Held::new(settings.bounds.slots);
     let mut free: Vec<usize> = Vec::new();
@@ -216,7 +212,7 @@ const STOP: Plan = Plan {
 /// # Errors
 /// A collective's or the model's error, or a plan that does not decode.
 pub fn follow(model: &Llama, bounds: Bounds, group: &Group, s: &Stream) -> Result<(), String> {
-    let mut slots = Slots::new(bounds.slots);
+    let mut slots = Slots::new(model, bounds.slots);
     loop {
         let plan = share(None, bounds, group, s)?;
         if plan.stop {
@@ -274,10 +270,13 @@ fn accept<'t>(
             prompt.len()
         )));
     }
-    let reserve = (prompt.len() + max_tokens).saturating_mul(settings.cache_bytes_per_token);
+    let slots = settings.bounds.slots;
+    let reserve = (prompt.len() + max_tokens)
+        .saturating_mul(settings.cache_bytes_per_token)
+        .saturating_mul(slots);
     if reserve > settings.max_cache {
         return Err(refuse(format!(
-            "the prompt's {} tokens and max_tokens {max_tokens} need {reserve} bytes of KV cache, more than the server's --max-cache of {} bytes",
+            "the prompt's {} tokens and max_tokens {max_tokens} need {reserve} bytes of KV cache (the server's {slots} slots each grow to the longest sequence), more than its --max-cache of {} bytes: give a smaller max_tokens, or start the server with a larger --max-cache or a smaller --max-concurrent",
             prompt.len(),
             settings.max_cache
         )));
@@ -308,37 +307,43 @@ fn accept<'t>(
 
 /// Gives waiting sequences, oldest first, slots no running sequence
 /// holds (reusing the longest prefix an ended one left, [`Held::place`])
-/// while their KV cache reservations fit beside the running ones' and the
-/// held caches; held caches are dropped, oldest first, to make room (their
-/// slots go to `free`, so every rank drops them).
+/// while the KV cache fits `--max-cache`: every slot grows to the longest
+/// sequence (running ones at their prompt plus max_tokens, held caches at
+/// what they hold). Held caches are dropped, oldest first, to make room
+/// (their slots go to `free`, so every rank drops them).
 fn assign_slots(
     seqs: &mut [Sequence],
     held: &mut Held,
     free: &mut Vec<usize>,
     settings: &Settings,
 ) {
-    let per_token = settings.cache_bytes_per_token;
-    let mut reserved: usize = seqs
+    let bytes = |positions: usize| {
+        positions
+            .saturating_mul(settings.cache_bytes_per_token)
+            .saturating_mul(settings.bounds.slots)
+    };
+    let mut longest = seqs
         .iter()
         .filter(|q| q.slot.is_some())
-        .map(|q| q.reserved(per_token))
-        .sum();
+        .map(|q| q.prompt.len() + q.max_tokens)
+        .max()
+        .unwrap_or(0);
     let mut taken: Vec<usize> = seqs.iter().filter_map(|q| q.slot).collect();
     for seq in seqs.iter_mut().filter(|q| q.slot.is_none() && !q.ended) {
         let Some(place) = held.place(&seq.prompt, &taken) else {
             return;
         };
-        let need = seq.reserved(per_token);
+        let need = longest.max(seq.prompt.len() + seq.max_tokens);
         let mut keep_out = taken.clone();
         keep_out.push(place.slot);
-        while reserved + need + held.positions_except(place.slot) * per_token > settings.max_cache {
+        while bytes(need.max(held.longest_except(place.slot))) > settings.max_cache {
             let Some(slot) = held.evict(&keep_out) else {
                 return;
             };
             free.push(slot);
         }
         held.take(place.slot);
-        reserved += need;
+        longest = need;
         taken.push(place.slot);
         seq.slot = Some(place.slot);
         seq.fed = place.reuse;

@@ -36,15 +36,17 @@ impl Held {
         }
     }
 
-    /// Positions held by the caches of ended sequences, but `slot`'s.
-    pub fn positions_except(&self, slot: usize) -> usize {
+    /// The most positions a cache of an ended sequence holds, but
+    /// `slot`'s.
+    pub fn longest_except(&self, slot: usize) -> usize {
         self.slots
             .iter()
             .enumerate()
             .filter(|&(k, _)| k != slot)
             .filter_map(|(_, entry)| entry.as_ref())
             .map(|(t, _)| t.len())
-            .sum()
+            .max()
+            .unwrap_or(0)
     }
 
     /// Forgets `slot`'s entry: a new sequence took the slot.
@@ -103,7 +105,7 @@ mod tests {
         let mut held = Held::new(3);
         held.keep(0, vec![1, 2, 3, 4]);
         held.keep(1, vec![1, 2, 9]);
-        assert_eq!(held.positions_except(0), 3);
+        assert_eq!(held.longest_except(0), 3);
         // Slot 0 shares 3 tokens; the prompt's last is always computed.
         assert_eq!(
             held.place(&[1, 2, 3, 7], &[]),
@@ -125,6 +127,6 @@ mod tests {
         assert_eq!(held.evict(&[1]), Some(0));
         assert_eq!(held.evict(&[1]), Some(2));
         assert_eq!(held.evict(&[]), Some(1));
-        assert_eq!(held.positions_except(9), 0);
+        assert_eq!(held.longest_except(9), 0);
     }
 }

@@ -56,8 +56,9 @@ pub struct ServeArgs {
     /// The largest request body, in bytes (413 beyond)
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body: usize,
-    /// The KV cache all sequences may reserve on one rank, in MiB; a
-    /// request waits until its prompt and max_tokens fit
+    /// The KV cache all slots may reserve on one rank, in MiB (every
+    /// slot grows to the longest sequence's prompt and max_tokens); a
+    /// request waits until it fits
     #[arg(long, default_value_t = 2048, value_name = "MIB")]
     pub max_cache: usize,
     /// Prompt tokens fed in one step: a new prompt delays the running

@@ -19,6 +19,8 @@
 //! mlx-community directories) stay quantized unless the source is wrapped
 //! in [`Dequantized`](crate::checkpoint::Dequantized).
 
+mod batch;
+
 use safemlx::{Array, Stream};
 
 use super::config::{Family, LlamaConfig};
@@ -27,7 +29,7 @@ use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::nn::{
-    AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, KvCache, LayerKv, Mlp,
+    AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, KvCache, Mlp,
     MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
 };
 use crate::runtime::Group;
@@ -268,35 +270,6 @@ impl Llama {
         self.forward_last_batch(&mut [(tokens, cache)], s)
     }
 
-    /// As [`forward_batch`](Self::forward_batch), but the logits of each
-    /// sequence's last position only, `[B, V]`, one row per sequence.
-    ///
-    /// # Errors
-    /// See [`forward_batch`](Self::forward_batch).
-    pub fn forward_last_batch(
-        &self,
-        batch: &mut [(&[u32], &mut KvCache)],
-        s: &Stream,
-    ) -> Result<ShardedArray<Sharded<1>>> {
-        let mut end = 0;
-        let last: Vec<i32> = batch
-            .iter()
-            .map(|(tokens, _)| {
-                end += tokens.len();
-                i32::try_from(end - 1).map_err(|_| Error::ShapeOverflow { value: end })
-            })
-            .collect::<Result<_>>()?;
-        let x = self.hidden(batch, s)?;
-        let rows =
-            i32::try_from(last.len()).map_err(|_| Error::ShapeOverflow { value: last.len() })?;
-        let picked = x
-            .local()
-            .take_axis(Array::from_slice(&last, &[rows]), 0, s)?;
-        let d = x.global_shape()[1];
-        let last = ShardedArray::from_local(picked, x.comm(), &[rows, d])?;
-        self.head().logits(&self.norm.forward(&last, s)?, s)
-    }
-
     /// Whether any weight stays quantized.
     pub fn is_quantized(&self) -> bool {
         self.embed.is_quantized()
@@ -310,70 +283,6 @@ impl Llama {
     /// The LM head: its own table, or the embedding when tied.
     fn head(&self) -> &Embedding {
         self.lm_head.as_ref().unwrap_or(&self.embed)
-    }
-
-    /// The residual stream after the last layer, before the final norm:
-    /// the batch's rows.
-    fn hidden(
-        &self,
-        batch: &mut [(&[u32], &mut KvCache)],
-        s: &Stream,
-    ) -> Result<ShardedArray<Replicated>> {
-        if batch.is_empty() {
-            return Err(Error::Shape("the model got no sequences".to_owned()));
-        }
-        for (i, (tokens, cache)) in batch.iter().enumerate() {
-            self.check_sequence(i, tokens.len(), cache)?;
-        }
-        let all: Vec<u32> = batch
-            .iter()
-            .flat_map(|(tokens, _)| tokens.iter().copied())
-            .collect();
-        let mut x = self.embed.forward(&all, s)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            // Each sequence's rows and its cache of this layer.
-            let mut caches: Vec<(usize, &mut dyn LayerKv)> = batch
-                .iter_mut()
-                .map(|(tokens, cache)| (tokens.len(), cache.layers[i].as_mut() as &mut dyn LayerKv))
-                .collect();
-            let attention =
-                layer
-                    .attention
-                    .forward(&layer.input_norm.forward(&x, s)?, &mut caches, s)?;
-            x = x.add(&attention, s)?;
-            let mlp = layer
-                .mlp
-                .forward(&layer.post_attention_norm.forward(&x, s)?, s)?;
-            x = x.add(&mlp, s)?;
-        }
-        Ok(x)
-    }
-
-    /// Sequence `i` of a batch, `tokens` new tokens on `cache`: some
-    /// tokens, a cache of this model's layers, within Mistral's window.
-    fn check_sequence(&self, i: usize, tokens: usize, cache: &KvCache) -> Result<()> {
-        if tokens == 0 {
-            return Err(Error::Shape(format!(
-                "sequence {i} of the batch has no tokens"
-            )));
-        }
-        if cache.layers.len() != self.layers.len() {
-            return Err(Error::Shape(format!(
-                "sequence {i} of the batch has a cache of {} layers for a model of {}; make it with `new_cache()`",
-                cache.layers.len(),
-                self.layers.len()
-            )));
-        }
-        match self.config.sliding_window {
-            Some(window) if cache.len() + tokens > window => Err(Error::Model {
-                path: self.path.clone(),
-                message: format!(
-                    "{} positions exceed the sliding window of {window}, which is not implemented; use at most {window} positions",
-                    cache.len() + tokens
-                ),
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// Bytes of this rank's weights.

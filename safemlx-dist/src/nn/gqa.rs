@@ -293,6 +293,11 @@ impl GqaAttention {
         self.split
     }
 
+    /// The layer's shape.
+    pub fn config(&self) -> &GqaConfig {
+        &self.config
+    }
+
     /// Bytes of this rank's weights.
     pub fn nbytes(&self) -> usize {
         let weights = [&self.q, &self.k, &self.v].map(LinearWeight::nbytes);
@@ -320,6 +325,36 @@ impl GqaAttention {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         let rows: usize = batch.iter().map(|(len, _)| len).sum();
+        self.around_heads(x, rows, s, |qkv, norms| {
+            if let [(_, cache)] = batch {
+                return self.attend(qkv, &norms, *cache, s);
+            }
+            // Each sequence attends over its own rows and cache.
+            let mut start = 0;
+            let mut outputs = Vec::with_capacity(batch.len());
+            for (len, cache) in batch.iter_mut() {
+                let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
+                let [q, k, v] = &qkv;
+                let part = [rows(q)?, rows(k)?, rows(v)?];
+                outputs.push(self.attend(part, &norms, *cache, s)?);
+                start += *len;
+            }
+            Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?)
+        })
+    }
+
+    /// What every forward shares: checks `x` is `[rows, D]`, projects it
+    /// to this rank's q, k and v (`[rows, heads * hd]`, `[rows, kv * hd]`),
+    /// runs `heads` on them and the q/k norm weights (the attention output
+    /// `[rows, heads * hd]` on this rank), then the output projection and
+    /// its `all_sum`.
+    pub(super) fn around_heads(
+        &self,
+        x: &ShardedArray<Replicated>,
+        rows: usize,
+        s: &Stream,
+        heads: impl FnOnce([Array; 3], Vec<Array>) -> Result<Array>,
+    ) -> Result<ShardedArray<Replicated>> {
         let d = self.config.dim as i32;
         if x.global_shape() != [rows as i32, d] {
             return Err(Error::Shape(format!(
@@ -339,29 +374,14 @@ impl GqaAttention {
         let v = project(&self.v, &self.v_bias)?;
         let norms: Vec<_> = [&self.q_norm, &self.k_norm].into_iter().flatten().collect();
         let split = q.axis_split();
-        let heads = shard_map(
+        let out = shard_map(
             [&q, &k, &v],
             &norms,
             (q.global_shape(), split.as_deref()),
-            |qkv, norms| {
-                if let [(_, cache)] = batch {
-                    return self.attend(qkv, &norms, *cache, s);
-                }
-                // Each sequence attends over its own rows and cache.
-                let mut start = 0;
-                let mut outputs = Vec::with_capacity(batch.len());
-                for (len, cache) in batch.iter_mut() {
-                    let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
-                    let [q, k, v] = &qkv;
-                    let part = [rows(q)?, rows(k)?, rows(v)?];
-                    outputs.push(self.attend(part, &norms, *cache, s)?);
-                    start += *len;
-                }
-                Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?)
-            },
+            heads,
             s,
         )?;
-        heads.linear(&self.o, s)?.all_sum(s)
+        out.linear(&self.o, s)?.all_sum(s)
     }
 
     /// One sequence's heads on this rank: q `[T, heads * hd]`, k and v

@@ -12,12 +12,14 @@
 
 mod embedding;
 mod gqa;
+mod gqa_slots;
 mod head_split;
 pub mod kv_cache;
 mod load_linear;
 mod mlp;
 mod moe;
 mod norm;
+mod slot_cache;
 
 pub use embedding::{gather_logits, Embedding};
 pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
@@ -30,3 +32,4 @@ pub use moe::{
     MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
+pub use slot_cache::{SlotCache, SlotLayer, SlotRows};

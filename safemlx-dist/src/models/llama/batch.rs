@@ -1,0 +1,166 @@
+//! Running a batch: sequences of any lengths in one pass, on one cache
+//! per sequence ([`KvCache`]) or on the slots of a server's batch
+//! ([`SlotCache`]), and the logits of each sequence's last token.
+
+use safemlx::{Array, Stream};
+
+use super::Llama;
+use crate::error::{Error, Result};
+use crate::nn::{GqaAttention, KvCache, LayerKv, SlotCache};
+use crate::typed::{Replicated, Sharded, ShardedArray};
+
+impl Llama {
+    /// As [`forward_batch`](Self::forward_batch), but the logits of each
+    /// sequence's last position only, `[B, V]`, one row per sequence.
+    ///
+    /// # Errors
+    /// See [`forward_batch`](Self::forward_batch).
+    pub fn forward_last_batch(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let lens: Vec<usize> = batch.iter().map(|(t, _)| t.len()).collect();
+        let x = self.hidden(batch, s)?;
+        self.last_logits(&x, &lens, s)
+    }
+
+    /// As [`forward_last_batch`](Self::forward_last_batch), on the slots
+    /// of `cache` (made with [`new_slots`](Self::new_slots)): each
+    /// `(slot, tokens)` at positions `cache.len(slot)..`, the decoding
+    /// sequences' attention in one call per layer (see [`SlotCache`]).
+    ///
+    /// # Errors
+    /// No sequence, a slot out of range or named twice, a sequence
+    /// without tokens, a cache made for another model, a token outside the
+    /// vocabulary, positions beyond Mistral's window, or an MLX error.
+    pub fn forward_last_slots(
+        &self,
+        batch: &[(usize, &[u32])],
+        cache: &mut SlotCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        if batch.is_empty() || cache.layers() != self.layers.len() {
+            return Err(Error::Shape(format!(
+                "the model of {} layers got {} sequences on a slot cache of {} layers",
+                self.layers.len(),
+                batch.len(),
+                cache.layers()
+            )));
+        }
+        let rows = cache.rows(batch, self.config.sliding_window)?;
+        let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let slots = cache.slots();
+        let x = self.layers_with(&all, s, |i, attention, x| {
+            attention.forward_slots(x, cache.layer_mut(i), &rows, slots, s)
+        })?;
+        cache.advance(&rows);
+        let lens: Vec<usize> = rows.iter().map(|r| r.len).collect();
+        self.last_logits(&x, &lens, s)
+    }
+
+    /// `slots` empty slots for [`forward_last_slots`](Self::forward_last_slots).
+    pub fn new_slots(&self, slots: usize) -> SlotCache {
+        SlotCache::new(self.layers.len(), slots)
+    }
+
+    /// The logits of each sequence's last row of `x` (`lens` rows each).
+    fn last_logits(
+        &self,
+        x: &ShardedArray<Replicated>,
+        lens: &[usize],
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let mut end = 0;
+        let last: Vec<i32> = lens
+            .iter()
+            .map(|len| {
+                end += len;
+                i32::try_from(end - 1).map_err(|_| Error::ShapeOverflow { value: end })
+            })
+            .collect::<Result<_>>()?;
+        let rows =
+            i32::try_from(last.len()).map_err(|_| Error::ShapeOverflow { value: last.len() })?;
+        let picked = x
+            .local()
+            .take_axis(Array::from_slice(&last, &[rows]), 0, s)?;
+        let d = x.global_shape()[1];
+        let last = ShardedArray::from_local(picked, x.comm(), &[rows, d])?;
+        self.head().logits(&self.norm.forward(&last, s)?, s)
+    }
+
+    /// The residual stream after the last layer, before the final norm:
+    /// the batch's rows.
+    pub(super) fn hidden(
+        &self,
+        batch: &mut [(&[u32], &mut KvCache)],
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        if batch.is_empty() {
+            return Err(Error::Shape("the model got no sequences".to_owned()));
+        }
+        for (i, (tokens, cache)) in batch.iter().enumerate() {
+            self.check_sequence(i, tokens.len(), cache)?;
+        }
+        let all: Vec<u32> = batch.iter().flat_map(|(t, _)| t.iter().copied()).collect();
+        self.layers_with(&all, s, |i, attention, x| {
+            // Each sequence's rows and its cache of this layer.
+            let mut caches: Vec<(usize, &mut dyn LayerKv)> = batch
+                .iter_mut()
+                .map(|(tokens, cache)| (tokens.len(), cache.layers[i].as_mut() as &mut dyn LayerKv))
+                .collect();
+            attention.forward(x, &mut caches, s)
+        })
+    }
+
+    /// The embedding of `tokens` through every layer, attention layer `i`
+    /// run by `attend(i, attention, normed x)`.
+    fn layers_with(
+        &self,
+        tokens: &[u32],
+        s: &Stream,
+        mut attend: impl FnMut(
+            usize,
+            &GqaAttention,
+            &ShardedArray<Replicated>,
+        ) -> Result<ShardedArray<Replicated>>,
+    ) -> Result<ShardedArray<Replicated>> {
+        let mut x = self.embed.forward(tokens, s)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let normed = layer.input_norm.forward(&x, s)?;
+            x = x.add(&attend(i, &layer.attention, &normed)?, s)?;
+            let mlp = layer
+                .mlp
+                .forward(&layer.post_attention_norm.forward(&x, s)?, s)?;
+            x = x.add(&mlp, s)?;
+        }
+        Ok(x)
+    }
+
+    /// Sequence `i` of a batch, `tokens` new tokens on `cache`: some
+    /// tokens, a cache of this model's layers, within Mistral's window.
+    fn check_sequence(&self, i: usize, tokens: usize, cache: &KvCache) -> Result<()> {
+        if tokens == 0 {
+            return Err(Error::Shape(format!(
+                "sequence {i} of the batch has no tokens"
+            )));
+        }
+        if cache.layers.len() != self.layers.len() {
+            return Err(Error::Shape(format!(
+                "sequence {i} of the batch has a cache of {} layers for a model of {}; make it with `new_cache()`",
+                cache.layers.len(),
+                self.layers.len()
+            )));
+        }
+        match self.config.sliding_window {
+            Some(window) if cache.len() + tokens > window => Err(Error::Model {
+                path: self.path.clone(),
+                message: format!(
+                    "{} positions exceed the sliding window of {window}, which is not implemented; use at most {window} positions",
+                    cache.len() + tokens
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
