@@ -59,7 +59,6 @@ impl GqaAttention {
             // cache counts the positions).
             return Ok(safemlx::ops::zeros_dtype(&[t, 0], q.dtype(), s)?);
         }
-        let int = |v: usize| i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v });
         // Every row as its own batch entry, [T, heads, 1, hd], rotated at
         // its own position.
         let positions = rows
@@ -77,10 +76,11 @@ impl GqaAttention {
             k = safemlx::fast::rms_norm(&k, k_norm, config.norm_eps, s)?;
         }
         let q = rotate(&config.rope, &q, &positions, s)?;
-        let k = rotate(&config.rope, &k, &positions, s)?.reshape(&[t, kv * hd], s)?;
-        let (keys, values, cap) = layer.write(rows, slots, [&k, &v], s)?;
+        let k = rotate(&config.rope, &k, &positions, s)?.reshape(&[t, kv, hd], s)?;
+        let v = v.reshape(&[t, kv, hd], s)?;
+        // [slots, kv, capacity, hd]
+        let (keys, values) = layer.write(rows, slots, [&k, &v], s)?;
         let scale = 1.0 / (config.head_dim as f32).sqrt();
-        let (n, cap) = (int(slots)?, int(cap)?);
         // The pieces of the output and the rows each covers.
         let (mut pieces, mut order) = (Vec::new(), Vec::new());
         let (mut singles, mut at) = (Vec::new(), 0);
@@ -89,17 +89,13 @@ impl GqaAttention {
                 singles.push((int(at)?, int(r.slot)?, int(r.start + 1)?));
             } else {
                 let (from, len, end) = (int(at)?, int(r.len)?, int(r.start + r.len)?);
-                let first = int(r.slot)? * cap;
+                let slot = int(r.slot)?;
                 // [len, heads, 1, hd] -> [1, heads, len, hd]
                 let q = q
                     .try_index_device(from..from + len, s)?
                     .reshape(&[1, len, heads, hd], s)?
                     .transpose_axes(&[0, 2, 1, 3], s)?;
-                let seen = |b: &Array| -> Result<Array> {
-                    Ok(b.try_index_device(first..first + end, s)?
-                        .reshape(&[1, end, kv, hd], s)?
-                        .transpose_axes(&[0, 2, 1, 3], s)?)
-                };
+                let seen = |b: &Array| b.try_index_device((slot..slot + 1, .., 0..end), s);
                 let mask = Some(ScaledDotProductAttentionMask::Causal);
                 let out = safemlx::fast::scaled_dot_product_attention(
                     &q,
@@ -119,43 +115,9 @@ impl GqaAttention {
             at += r.len;
         }
         if !singles.is_empty() {
-            let b = int(singles.len())?;
-            let longest = singles.iter().map(|&(_, _, end)| end).max().unwrap_or(1);
-            let pick = |i: usize| singles.iter().map(move |row| [row.0, row.1, row.2][i]);
-            let at: Vec<i32> = pick(0).collect();
-            let (in_batch, slot, end) = (
-                Array::from_slice(&at, &[b]),
-                Array::from_slice(&pick(1).collect::<Vec<_>>(), &[b]),
-                Array::from_slice(&pick(2).collect::<Vec<_>>(), &[b, 1]),
-            );
-            // Each row's slot, positions 0..longest: [B, kv, longest, hd].
-            let seen = |buffer: &Array| -> Result<Array> {
-                Ok(buffer
-                    .reshape(&[n, cap, kv * hd], s)?
-                    .try_index_device((.., 0..longest), s)?
-                    .take_axis(&slot, 0, s)?
-                    .reshape(&[b, longest, kv, hd], s)?
-                    .transpose_axes(&[0, 2, 1, 3], s)?)
-            };
-            // A row sees its slot's positions before its end.
-            let mask = safemlx::ops::arange::<_, i32>(0, longest, 1, s)?
-                .reshape(&[1, longest], s)?
-                .lt(&end, s)?
-                .reshape(&[b, 1, 1, longest], s)?;
-            let q = q
-                .take_axis(&in_batch, 0, s)?
-                .reshape(&[b, heads, 1, hd], s)?;
-            let out = safemlx::fast::scaled_dot_product_attention(
-                &q,
-                &seen(&keys)?,
-                &seen(&values)?,
-                scale,
-                Some(ScaledDotProductAttentionMask::Array(&mask)),
-                None,
-                s,
-            )?;
-            pieces.insert(0, out.reshape(&[b, heads * hd], s)?);
-            order.splice(0..0, at);
+            let out = self.attend_singles(&singles, &q, [&keys, &values], slots, s)?;
+            pieces.insert(0, out);
+            order.splice(0..0, singles.iter().map(|row| row.0));
         }
         let out = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
         if order.iter().enumerate().all(|(i, &r)| i as i32 == r) {
@@ -167,6 +129,78 @@ impl GqaAttention {
             back[r as usize] = int(i)?;
         }
         Ok(out.take_axis(Array::from_slice(&back, &[t]), 0, s)?)
+    }
+
+    /// The single-token rows' attention, `[B, heads × hd]`: `singles` holds
+    /// each row's place in the batch, slot and end (its position + 1); `q`
+    /// is every row's rotated query `[T, heads, 1, hd]`; `buffers` the
+    /// layer's keys and values `[slots, kv, capacity, hd]`. With half the
+    /// slots or more in the batch, every slot attends where its keys lie
+    /// (a slot outside the batch on a zero query over its first position,
+    /// thrown away); with fewer, the batch's slots are gathered first
+    /// (whole, which copies blocks; a gather from a strided view goes
+    /// element by element). Each row sees its slot's positions before its
+    /// end.
+    fn attend_singles(
+        &self,
+        singles: &[(i32, i32, i32)],
+        q: &Array,
+        [keys, values]: [&Array; 2],
+        slots: usize,
+        s: &Stream,
+    ) -> Result<Array> {
+        let split = self.split();
+        let (heads, hd) = (split.query.1 as i32, self.config().head_dim as i32);
+        let scale = 1.0 / (self.config().head_dim as f32).sqrt();
+        let (b, n) = (int(singles.len())?, int(slots)?);
+        let longest = singles.iter().map(|&(_, _, end)| end).max().unwrap_or(1);
+        let at: Vec<i32> = singles.iter().map(|row| row.0).collect();
+        let slot = Array::from_slice(&singles.iter().map(|row| row.1).collect::<Vec<_>>(), &[b]);
+        let q = q.take_axis(Array::from_slice(&at, &[b]), 0, s)?;
+        let every = 2 * singles.len() >= slots;
+        let (q, end, rows) = if every {
+            let (mut row_of, mut end) = (vec![b; slots], vec![1; slots]);
+            for (i, &(_, k, until)) in singles.iter().enumerate() {
+                row_of[k as usize] = int(i)?;
+                end[k as usize] = until;
+            }
+            let zero = safemlx::ops::zeros_dtype(&[1, heads, 1, hd], q.dtype(), s)?;
+            let q = safemlx::ops::concatenate_axis(&[&q, &zero], 0, s)?.take_axis(
+                Array::from_slice(&row_of, &[n]),
+                0,
+                s,
+            )?;
+            (q, end, n)
+        } else {
+            (q, singles.iter().map(|row| row.2).collect(), b)
+        };
+        let seen = |buffer: &Array| -> Result<Array> {
+            let buffer = if every {
+                buffer.clone()
+            } else {
+                buffer.take_axis(&slot, 0, s)?
+            };
+            Ok(buffer.try_index_device((.., .., 0..longest), s)?)
+        };
+        let mask = safemlx::ops::arange::<_, i32>(0, longest, 1, s)?
+            .reshape(&[1, longest], s)?
+            .lt(Array::from_slice(&end, &[rows, 1]), s)?
+            .reshape(&[rows, 1, 1, longest], s)?;
+        let out = safemlx::fast::scaled_dot_product_attention(
+            &q,
+            &seen(keys)?,
+            &seen(values)?,
+            scale,
+            Some(ScaledDotProductAttentionMask::Array(&mask)),
+            None,
+            s,
+        )?;
+        let out = if every {
+            out.take_axis(&slot, 0, s)?
+        } else {
+            out
+        };
+        Ok(out.reshape(&[b, heads * hd], s)?)
     }
 }
 
@@ -182,4 +216,8 @@ fn rotate(rope: &Rope, x: &Array, positions: &Array, s: &Stream) -> Result<Array
         rope.freqs.as_ref(),
         s,
     )?)
+}
+
+fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v })
 }

@@ -7,15 +7,15 @@
 //! the arithmetic, then sets the step's time (measured: a 16-sequence
 //! SmolLM2 decode step took 248 ms, a 1-sequence one 65 ms). A
 //! [`SlotCache`] keeps every slot's keys and values of a layer in one
-//! buffer, `[slots × capacity, kv_heads × head_dim]` on this rank (row
-//! `slot × capacity + position`), so the batch's single-token rows are
-//! written with one scatter and attend in one call, whatever `B`; a row
-//! block of several tokens (a prompt chunk) is written and attends on its
-//! own. Each slot has its own length; [`SlotCache::truncate`] cuts one
+//! buffer, `[slots × kv_heads × capacity, head_dim]` on this rank (row
+//! `(slot × kv_heads + head) × capacity + position`, so that a slot's
+//! heads read as `[kv_heads, positions, head_dim]` without a copy): the
+//! batch's new keys are written with one scatter, and its single-token
+//! rows attend in one call, whatever `B`; a row block of several tokens (a
+//! prompt chunk) attends on its own. Each slot has its own length; [`SlotCache::truncate`] cuts one
 //! back (0 starts a new sequence), and positions past a length are never
 //! read.
 
-use safemlx::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use safemlx::{Array, Dtype, Stream};
 
 use super::kv_cache::STEP;
@@ -135,13 +135,13 @@ impl SlotCache {
 }
 
 impl SlotLayer {
-    /// Makes room for `end` positions per slot (`width` = kv heads × head
-    /// dim values each), growing by whole [`STEP`]s; returns the capacity.
+    /// Makes room for `end` positions per slot (`[slots × kv, capacity,
+    /// hd]`), growing by whole [`STEP`]s; returns the capacity.
     fn reserve(
         &mut self,
         slots: usize,
         end: usize,
-        width: i32,
+        [kv, hd]: [i32; 2],
         dtype: Dtype,
         s: &Stream,
     ) -> Result<usize> {
@@ -150,18 +150,17 @@ impl SlotLayer {
         }
         let step = STEP as usize;
         let capacity = end.div_ceil(step) * step;
-        let int = |v: usize| i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v });
-        let (n, old_cap, cap) = (int(slots)?, int(self.capacity)?, int(capacity)?);
+        let (n, old_cap, cap) = (int(slots)? * kv, int(self.capacity)?, int(capacity)?);
         let grow = |old: Option<Array>| -> Result<Array> {
-            let more = safemlx::ops::zeros_dtype(&[n, cap - old_cap, width], dtype, s)?;
+            let more = safemlx::ops::zeros_dtype(&[n, cap - old_cap, hd], dtype, s)?;
             let whole = match old {
                 Some(old) => {
-                    let old = old.reshape(&[n, old_cap, width], s)?;
+                    let old = old.reshape(&[n, old_cap, hd], s)?;
                     safemlx::ops::concatenate_axis(&[&old, &more], 1, s)?
                 }
                 None => more,
             };
-            Ok(whole.reshape(&[n * cap, width], s)?)
+            Ok(whole.reshape(&[n * cap, hd], s)?)
         };
         let (k, v) = match self.buffers.take() {
             Some((k, v)) => (Some(k), Some(v)),
@@ -172,9 +171,9 @@ impl SlotLayer {
         Ok(capacity)
     }
 
-    /// Writes this layer's new keys and values, `k` and `v` `[T, width]`
-    /// (the batch's rows in order), at each sequence's positions; returns
-    /// the buffers `[slots × capacity, width]` and the capacity.
+    /// Writes this layer's new keys and values, `k` and `v` `[T, kv, hd]`
+    /// (the batch's rows in order), at each sequence's positions with one
+    /// scatter each; returns the buffers as `[slots, kv, capacity, hd]`.
     ///
     /// # Errors
     /// An MLX error, or positions beyond `i32`.
@@ -184,44 +183,34 @@ impl SlotLayer {
         slots: usize,
         [k, v]: [&Array; 2],
         s: &Stream,
-    ) -> Result<(Array, Array, usize)> {
-        let width = k.shape()[1];
+    ) -> Result<(Array, Array)> {
+        let (t, kv, hd) = (k.shape()[0], k.shape()[1], k.shape()[2]);
         let end = rows.iter().map(|r| r.start + r.len).max().unwrap_or(0);
-        let cap = self.reserve(slots, end, width, k.dtype(), s)?;
-        let int = |v: usize| i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v });
-        let Some((mut keys, mut values)) = self.buffers.take() else {
+        let cap = self.reserve(slots, end, [kv, hd], k.dtype(), s)?;
+        let Some((keys, values)) = self.buffers.take() else {
             return Err(Error::Shape("the slot cache has no buffers".to_owned()));
         };
-        // Single-token rows: one scatter; blocks: a slice update each.
-        let (mut singles, mut at) = (Vec::new(), 0);
+        // Row (slot × kv + head) × capacity + position of each new
+        // (token, head), in the order of k's rows.
+        let mut at = Vec::with_capacity(rows.iter().map(|r| r.len).sum::<usize>() * kv as usize);
         for r in rows {
-            let first = int(r.slot * cap + r.start)?;
-            if r.len == 1 {
-                singles.push((int(at)?, first));
-            } else {
-                let (from, to) = (int(at)?, int(at + r.len)?);
-                let place = first..first + int(r.len)?;
-                keys.try_index_mut_device(
-                    (place.clone(), ..),
-                    k.try_index_device(from..to, s)?,
-                    s,
-                )?;
-                values.try_index_mut_device((place, ..), v.try_index_device(from..to, s)?, s)?;
+            for p in r.start..r.start + r.len {
+                for h in 0..kv as usize {
+                    at.push(int((r.slot * kv as usize + h) * cap + p)?);
+                }
             }
-            at += r.len;
         }
-        if !singles.is_empty() {
-            let b = int(singles.len())?;
-            let (src, dst): (Vec<i32>, Vec<i32>) = singles.into_iter().unzip();
-            let (src, dst) = (Array::from_slice(&src, &[b]), Array::from_slice(&dst, &[b]));
-            let scatter = |buffer: &Array, x: &Array| -> Result<Array> {
-                let updates = x.take_axis(&src, 0, s)?.reshape(&[b, 1, width], s)?;
-                Ok(buffer.scatter(&dst, &updates, 0, s)?)
-            };
-            keys = scatter(&keys, k)?;
-            values = scatter(&values, v)?;
-        }
+        let at = Array::from_slice(&at, &[t * kv]);
+        let scatter = |buffer: &Array, x: &Array| -> Result<Array> {
+            Ok(buffer.scatter(&at, x.reshape(&[t * kv, 1, hd], s)?, 0, s)?)
+        };
+        let (keys, values) = (scatter(&keys, k)?, scatter(&values, v)?);
         self.buffers = Some((keys.clone(), values.clone()));
-        Ok((keys, values, cap))
+        let shape = [int(slots)?, kv, int(cap)?, hd];
+        Ok((keys.reshape(&shape, s)?, values.reshape(&shape, s)?))
     }
+}
+
+fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v })
 }
