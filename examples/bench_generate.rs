@@ -2,7 +2,9 @@
 //! prompt of `--prompt-tokens` tokens and `--decode-tokens` decode steps
 //! with the KV cache, on N ranks; rank 0 appends one JSON line to `--out`.
 //! It also times a 4 KiB `all_sum` through `safemlx_dist::eval`, the
-//! collective each decode step waits on twice per layer.
+//! collective each decode step waits on twice per layer, and the host
+//! time to build one decode step's graph (`decode_graph_us`, before any of
+//! it is computed).
 //!
 //! ```text
 //! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl [--dequantize]
@@ -91,15 +93,19 @@ fn run() -> Result<(), String> {
         .map(|i| (((i * 7919) % 20000 + 100) % vocab) as u32)
         .collect();
 
+    let greedy = |last: &Array| -> Result<u32, String> {
+        Sampler::greedy().sample(&values(last, &s)?).map_err(err)
+    };
     let next_token = |logits: &safemlx_dist::ShardedArray<safemlx_dist::Sharded<1>>,
                       rows: usize|
      -> Result<u32, String> {
-        let last = gather_logits(logits, rows - 1..rows, &s).map_err(err)?;
-        Sampler::greedy()
-            .sample(&values(last.local(), &s)?)
-            .map_err(err)
+        greedy(
+            gather_logits(logits, rows - 1..rows, &s)
+                .map_err(err)?
+                .local(),
+        )
     };
-    let (mut prefill, mut decode_runs) = (Vec::new(), Vec::new());
+    let (mut prefill, mut decode_runs, mut graph_us) = (Vec::new(), Vec::new(), Vec::new());
     // One warm-up run, then `repeats` timed ones.
     for run in 0..=repeats {
         let mut cache = model.new_cache();
@@ -109,8 +115,15 @@ fn run() -> Result<(), String> {
         let prefill_seconds = started.elapsed().as_secs_f64();
         let started = Instant::now();
         for _ in 0..decode {
+            // The host's part of a step: building its graph, before any
+            // of it is computed.
+            let building = Instant::now();
             let logits = model.forward_last(&[token], &mut cache, &s).map_err(err)?;
-            token = next_token(&logits, 1)?;
+            let last = gather_logits(&logits, 0..1, &s).map_err(err)?;
+            if run > 0 {
+                graph_us.push(building.elapsed().as_secs_f64() * 1e6);
+            }
+            token = greedy(last.local())?;
         }
         let decode_seconds = started.elapsed().as_secs_f64();
         if run > 0 {
@@ -142,6 +155,7 @@ fn run() -> Result<(), String> {
             "prefill_tokens_per_s": median(prefill),
             "decode_tokens_per_s": median(decode_runs),
             "all_sum_4k_us": median(latencies),
+            "decode_graph_us": median(graph_us),
             "weight_bytes_per_rank": model.weight_bytes(),
             "experts": model.config().moe.as_ref().map(|_| experts.as_str()),
         });

@@ -26,6 +26,11 @@
 
     peers.py run GGUF DIR QDIR OUT PROMPT DECODE THREADS mlx-only
                                  the mlx-lm rows only
+    peers.py graph DIR OUT PROMPT DECODE
+                                 the host time mlx-lm takes to build one
+                                 decode step's graph (the model's call,
+                                 before anything is computed), after a
+                                 prompt of PROMPT tokens; one JSON line
 
 The prompt is the token ids ((i * 7919) % 20000 + 100) % V, as
 bench_generate's (V the vocabulary size).
@@ -239,6 +244,30 @@ def run_mlx_lm(hf_dir, ids, decode):
     return bench(prefill, steps)
 
 
+def graph_mlx_lm(hf_dir, out, n_prompt, decode):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(hf_dir))
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt(int(n_prompt))]), cache=cache)
+    token = mx.argmax(logits[0, -1]).item()
+    times = []
+    for _ in range(int(decode)):
+        t0 = time.perf_counter()
+        logits = model(mx.array([[token]]), cache=cache)
+        last = mx.argmax(logits[0, -1])
+        times.append(time.perf_counter() - t0)
+        token = last.item()
+    row = {"impl": "mlx-lm", "kind": "graph", "model": hf_dir, "prompt_tokens": int(n_prompt),
+           "decode_graph_us": median(times[len(times) // 4:]) * 1e6,
+           "mlx": mx.__version__}
+    with open(out, "a") as f:
+        print(json.dumps(row))
+        f.write(json.dumps(row) + "\n")
+
+
 def run_llama_cpp(gguf_path, ids, decode, threads):
     from llama_cpp import Llama
 
@@ -272,6 +301,8 @@ def main():
         return convert_quantized(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "make-moe":
         return make_moe(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "graph":
+        return graph_mlx_lm(*sys.argv[2:6])
     if sys.argv[1] == "moe-peer":
         return moe_peer(*sys.argv[2:7])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]

@@ -25,7 +25,7 @@ const DECODE: &str = "64";
 const PEERS: &[&str] = &[
     "mlx[cpu]==0.32.4",
     "mlx-lm==0.32.2",
-    "llama-cpp-python==0.3.36",
+    "llama-cpp-python[server]==0.3.36",
     "gguf==0.19.0",
     "numpy",
     "safetensors",
@@ -36,7 +36,7 @@ pub(super) fn peers_python() -> Result<PathBuf, String> {
     let venv = cmd::cache_root().join("bench-venv");
     let python = venv.join("bin").join("python");
     let ready = venv.join(".ready");
-    if ready.is_file() {
+    if std::fs::read_to_string(&ready).is_ok_and(|done| done == PEERS.join("\n")) {
         return Ok(python);
     }
     let made = Command::new("python3")
@@ -63,20 +63,47 @@ pub(super) fn peers_python() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The GGUF's tensors dequantized to float32 as a Hugging Face directory
+/// in the cache, made the first time; with `release`, also the GGUF's
+/// tokenizer as our tokenizer reads it (`mlx_lm.server` needs one).
+pub(super) fn float_dir(
+    python: &Path,
+    gguf: &Path,
+    release: Option<&Path>,
+) -> Result<PathBuf, String> {
+    let hf = converted(python, gguf, "SmolLM2-135M-Instruct-f32-hf", "convert")?;
+    if let Some(release) = release.filter(|_| !hf.join("tokenizer_config.json").is_file()) {
+        let mut tokenizer = Command::new(release.join("examples").join("gguf_tokenizer"));
+        tokenizer.arg("--model").arg(gguf).arg("--out").arg(&hf);
+        cmd::run(tokenizer)?;
+    }
+    Ok(hf)
+}
+
+/// `peers.py HOW GGUF <cache>/models/NAME`, unless done before.
+fn converted(python: &Path, gguf: &Path, name: &str, how: &str) -> Result<PathBuf, String> {
+    let dir = cmd::cache_root().join("models").join(name);
+    if !dir.join("config.json").is_file() {
+        let mut convert = Command::new(python);
+        convert
+            .arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg(how)
+            .arg(gguf)
+            .arg(&dir);
+        cmd::run(convert)?;
+    }
+    Ok(dir)
+}
+
 fn peers(python: &Path, gguf: &Path, out: &Path) -> Result<(), String> {
     let script = cmd::root().join("xtask/bench/peers.py");
-    let models = cmd::cache_root().join("models");
-    let (hf, quantized) = (
-        models.join("SmolLM2-135M-Instruct-f32-hf"),
-        models.join("SmolLM2-135M-Instruct-Q4_1-mlx"),
-    );
-    for (dir, how) in [(&hf, "convert"), (&quantized, "convert-quantized")] {
-        if !dir.join("config.json").is_file() {
-            let mut convert = Command::new(python);
-            convert.arg(&script).arg(how).arg(gguf).arg(dir);
-            cmd::run(convert)?;
-        }
-    }
+    let hf = float_dir(python, gguf, None)?;
+    let quantized = converted(
+        python,
+        gguf,
+        "SmolLM2-135M-Instruct-Q4_1-mlx",
+        "convert-quantized",
+    )?;
     // As shipped (the wheel's reference BLAS) with llama.cpp, then the
     // mlx-lm rows again on the system's OpenBLAS, the BLAS ours links.
     let openblas = super::openblas();

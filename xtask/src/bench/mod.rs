@@ -1,10 +1,11 @@
-//! `cargo xtask bench collectives|layers|generate|moe|train`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate|moe|serve|train`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
 mod generate;
 mod layers;
 mod moe;
+mod serve;
 mod train;
 
 use std::path::{Path, PathBuf};
@@ -20,9 +21,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("layers") => layers::run(),
         Some("generate") => generate::run(),
         Some("moe") => moe::run(),
+        Some("serve") => serve::run(args.get(1).is_some_and(|a| a == "--peers-only")),
         Some("train") => train::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe or train"
+            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe, serve or train"
         )),
     }
 }
@@ -103,7 +105,7 @@ fn finish(out: &Path) -> Result<Vec<Value>, String> {
 }
 
 /// The JSON lines of `path`.
-fn read_rows(path: &Path) -> Result<Vec<Value>, String> {
+pub(super) fn read_rows(path: &Path) -> Result<Vec<Value>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     text.lines()
