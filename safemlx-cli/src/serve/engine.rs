@@ -230,7 +230,8 @@ fn accept<'t>(
     tokenizer: &'t Tokenizer,
     settings: &Settings,
 ) -> Result<Sequence<'t>, (UnboundedSender<Event>, u16, String)> {
-    let refuse = |message: String| (r.events.clone(), 400, message);
+    let Request { params: r, events } = r;
+    let refuse = |message: String| (events.clone(), 400, message);
     let text = match &r.prompt {
         Prompt::Text(text) => text.clone(),
         Prompt::Chat(messages) => {
@@ -283,7 +284,7 @@ fn accept<'t>(
     }
     let sampler =
         Sampler::new(r.temperature, r.top_p, r.seed).map_err(|e| refuse(e.to_string()))?;
-    let _ = r.events.send(Event::Started);
+    let _ = events.send(Event::Started);
     let mut seq = Sequence {
         slot: None,
         prompt,
@@ -296,7 +297,7 @@ fn accept<'t>(
         sampler,
         text: tokenizer.stream(),
         stop: StopText::new(r.stop),
-        events: r.events,
+        events,
         ended: false,
     };
     if max_tokens == 0 {

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::watch;
 
-use super::api::{parse, ApiError, Endpoint, Parsed};
+use super::api::{parse, ApiError, Endpoint};
 use super::request::{Event, Request, Usage};
 
 /// What every handler shares.
@@ -149,7 +149,10 @@ async fn complete(
     let guard = InFlight(Arc::clone(&state));
     let (events, mut rx) = unbounded_channel();
     let stream_it = parsed.stream;
-    let request = to_request(parsed, events);
+    let request = Request {
+        params: parsed.params,
+        events,
+    };
     if state.requests.send(request).is_err() {
         return ApiError::new(503, "the server is stopping".to_owned()).into_response();
     }
@@ -212,18 +215,6 @@ async fn next_event(
     tokio::select! {
         event = rx.recv() => event,
         _ = stopped.wait_for(|stop| *stop) => Some(stopping),
-    }
-}
-
-fn to_request(p: Parsed, events: tokio::sync::mpsc::UnboundedSender<Event>) -> Request {
-    Request {
-        prompt: p.prompt,
-        max_tokens: p.max_tokens,
-        temperature: p.temperature,
-        top_p: p.top_p,
-        seed: p.seed,
-        stop: p.stop,
-        events,
     }
 }
 

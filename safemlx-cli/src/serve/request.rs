@@ -12,9 +12,9 @@ pub enum Prompt {
     Chat(Vec<(String, String)>),
 }
 
-/// One checked request.
-#[derive(Debug)]
-pub struct Request {
+/// What a request asks for, checked.
+#[derive(Debug, Clone)]
+pub struct Params {
     pub prompt: Prompt,
     /// Tokens to generate at most (`None`: the server's default).
     pub max_tokens: Option<usize>,
@@ -23,6 +23,12 @@ pub struct Request {
     pub seed: u64,
     /// Strings that end the text (not shown).
     pub stop: Vec<String>,
+}
+
+/// One request, as the scheduler takes it.
+#[derive(Debug)]
+pub struct Request {
+    pub params: Params,
     /// Where the scheduler reports; dropped by a client that left.
     pub events: UnboundedSender<Event>,
 }

@@ -21,7 +21,7 @@ mod config_hf;
 pub mod llama;
 mod phi3;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 
@@ -67,6 +67,22 @@ pub struct LoadOptions {
     pub weights: Storage,
     /// Where an MoE model's experts go (expert parallel by default).
     pub experts: ExpertPlacement,
+}
+
+/// The model `cargo xtask demo` fetches: the default of the `safemlx`
+/// command and of the `generate` example.
+pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where `cargo xtask` keeps [`DEFAULT_MODEL`]: under
+/// `$XDG_CACHE_HOME/safemlx-dist/models`, else `~/.cache/safemlx-dist/models`.
+pub fn default_model_path() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("safemlx-dist")
+        .join("models")
+        .join(DEFAULT_MODEL)
 }
 
 /// Loads this rank's part of the model at `path`, quantized tensors kept
