@@ -182,6 +182,9 @@ impl AffineWeight {
             let shape = [rows as i32, columns as i32];
             return Ok(safemlx::ops::zeros_dtype(&shape, self.scales.dtype(), s)?);
         }
+        if 8 % self.bits == 0 && cfg!(target_endian = "little") {
+            return self.dequantize_bytes(s);
+        }
         Ok(dequantize(
             &self.weight,
             &self.scales,
@@ -192,7 +195,52 @@ impl AffineWeight {
         )?)
     }
 
-    /// `x Wᵀ` for `x` `[..., columns]`: `[..., rows]`, without dequantizing.
+    /// [`dequantize`](Self::dequantize) for 2, 4 and 8 bits, unpacked byte
+    /// by byte: the packed `uint32`s viewed as bytes (the first value in
+    /// the lowest bits of the first byte on a little-endian host), each
+    /// byte's `8 / bits` values shifted out on bytes, then scaled. The
+    /// same values as MLX's `dequantize`, which unpacks on `uint32`s with
+    /// a broadcast copy first: measured on this machine's CPU, 1.5-2x
+    /// faster (a 49152 x 576 4-bit table: 156 -> 80 ms).
+    fn dequantize_bytes(&self, s: &Stream) -> Result<Array> {
+        let [rows, columns] = self.shape();
+        let (rows, columns) = (rows as i32, columns as i32);
+        let bytes = self.weight.view_dtype(Dtype::Uint8, s)?;
+        let per_byte = 8 / self.bits;
+        let values = if per_byte == 1 {
+            bytes
+        } else {
+            let mask = Array::from_slice(&[((1u32 << self.bits) - 1) as u8], &[1]);
+            let parts = (0..per_byte)
+                .map(|j| {
+                    let shifted = match j {
+                        0 => bytes.clone(),
+                        _ => {
+                            let by = Array::from_slice(&[(j * self.bits) as u8], &[1]);
+                            crate::runtime::right_shift(&bytes, &by, s)?
+                        }
+                    };
+                    crate::runtime::bitwise_and(&shifted, &mask, s)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            safemlx::ops::stack_axis(&parts, -1, s)?
+        };
+        let groups = columns / self.group_size as i32;
+        let grouped = values
+            .as_dtype(self.scales.dtype(), s)?
+            .reshape(&[rows, groups, self.group_size as i32], s)?;
+        let scaled = grouped
+            .multiply(self.scales.expand_dims(-1, s)?, s)?
+            .add(self.biases.expand_dims(-1, s)?, s)?;
+        Ok(scaled.reshape(&[rows, columns], s)?)
+    }
+
+    /// `x Wᵀ` for `x` `[..., columns]`: `[..., rows]`. On a GPU, and for
+    /// fewer than [`DEQUANTIZE_ROWS`] rows of `x` on a CPU, through MLX's
+    /// `quantized_matmul`, without dequantizing; for more rows on a CPU
+    /// the weight is dequantized for this product only (the stored values
+    /// stay quantized), since MLX's CPU kernel unpacks the weight again for
+    /// every row of `x` while one dequantization serves them all.
     ///
     /// # Errors
     /// `x` without `columns` trailing values, or an MLX error.
@@ -214,6 +262,16 @@ impl AffineWeight {
             let product = safemlx::ops::zeros_dtype(&shape, self.scales.dtype(), s)?;
             return Ok(product);
         }
+        let rows: i64 = x
+            .shape()
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|&d| i64::from(d))
+            .product();
+        if rows >= DEQUANTIZE_ROWS as i64 && on_cpu(s) {
+            return self.dequantized_matmul_t(x, s);
+        }
         Ok(quantized_matmul(
             x,
             &self.weight,
@@ -225,4 +283,45 @@ impl AffineWeight {
             s,
         )?)
     }
+}
+
+impl AffineWeight {
+    /// `x Wᵀ` through the float weight, dequantized in blocks of at most
+    /// [`DEQUANTIZE_BLOCK`] values whose products are laid side by side:
+    /// a block stays in the CPU's cache between its dequantization and its
+    /// product (a whole vocabulary table does not, and dequantizes ~4x
+    /// slower per value, measured).
+    fn dequantized_matmul_t(&self, x: &Array, s: &Stream) -> Result<Array> {
+        let [rows, columns] = self.shape();
+        let block = (DEQUANTIZE_BLOCK / columns.max(1)).max(1);
+        let products = (0..rows)
+            .step_by(block)
+            .map(|first| {
+                let part = self.rows(first, block.min(rows - first), s)?;
+                let w = part.dequantize(s)?.as_dtype(x.dtype(), s)?;
+                Ok(x.matmul(&w.transpose(s)?, s)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        match products.as_slice() {
+            [one] => Ok(one.clone()),
+            _ => Ok(safemlx::ops::concatenate_axis(&products, -1, s)?),
+        }
+    }
+}
+
+/// Values of a weight dequantized at once by a product of many rows on a
+/// CPU (see [`AffineWeight::matmul_t`]).
+pub const DEQUANTIZE_BLOCK: usize = 1 << 20;
+
+/// Rows of `x` from which [`AffineWeight::matmul_t`] dequantizes the weight
+/// on a CPU stream (see the book's design chapter, "Quantized products
+/// of many rows dequantize on a CPU").
+pub const DEQUANTIZE_ROWS: usize = 4;
+
+/// Whether `s` computes on the CPU.
+fn on_cpu(s: &Stream) -> bool {
+    matches!(
+        s.get_device().and_then(|d| d.get_type()),
+        Ok(safemlx::DeviceType::Cpu)
+    )
 }

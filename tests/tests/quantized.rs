@@ -7,8 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+use safemlx::ops::indexing::TryIndexOp;
 use safemlx::Stream;
-use safemlx_dist::affine::AffineWeight;
+use safemlx_dist::affine::{AffineWeight, DEQUANTIZE_BLOCK, DEQUANTIZE_ROWS};
 use safemlx_dist::checkpoint::{GgufFile, SafetensorsFile, TensorSource, Weights};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::typed::ShardedArray;
@@ -94,6 +95,53 @@ fn weights(
         AffineWeight::quantize(&random(&mut rng, &shape, 0.05), group_size, bits, s).unwrap()
     };
     [q([h, d]), q([h, d]), q([d, h])]
+}
+
+/// On a CPU, a product of [`DEQUANTIZE_ROWS`] rows or more dequantizes the
+/// weight (in blocks of at most [`DEQUANTIZE_BLOCK`] values) where fewer
+/// rows go through `quantized_matmul`: both give each row's own product;
+/// the dequantized values are MLX's `dequantize`'s, at every width.
+#[test]
+fn quantized_products_of_many_rows_equal_each_row_alone() {
+    let s = cpu();
+    let mut rng = Rng::new(5);
+    // A small weight, and one of more than a block (2 blocks, uneven).
+    let big = (DEQUANTIZE_BLOCK / 512 + 52) as i32;
+    let shapes = [
+        ([96, 64], 4),
+        ([big, 512], 4),
+        ([40, 128], 8),
+        ([24, 64], 2),
+        ([24, 64], 6),
+    ];
+    for ([out, inputs], bits) in shapes {
+        let w =
+            AffineWeight::quantize(&random(&mut rng, &[out, inputs], 0.05), 32, bits, &s).unwrap();
+        // Our unpacking (2, 4 and 8 bits) gives MLX's very values.
+        let mlx =
+            safemlx::ops::dequantize(&w.weight, &w.scales, &w.biases, 32, bits as i32, &s).unwrap();
+        assert_eq!(
+            host(&w.dequantize(&s).unwrap(), &s),
+            host(&mlx, &s),
+            "{bits} bits"
+        );
+        for rows in [DEQUANTIZE_ROWS as i32 - 1, DEQUANTIZE_ROWS as i32, 9] {
+            let x = random(&mut rng, &[rows, inputs], 1.0);
+            let product = w.matmul_t(&x, &s).unwrap();
+            assert_eq!(product.shape(), [rows, out]);
+            let alone: Vec<f32> = (0..rows)
+                .flat_map(|r| {
+                    let row = x.try_index_device((r..r + 1, ..), &s).unwrap();
+                    host(&w.matmul_t(&row, &s).unwrap(), &s)
+                })
+                .collect();
+            let err = max_relative_error(&host(&product, &s), &alone);
+            assert!(
+                err < 1e-5,
+                "[{out}, {inputs}] {bits} bits, {rows} rows: {err}"
+            );
+        }
+    }
 }
 
 /// `down(silu(x gate) * (x up))` with quantized weights, dense on one

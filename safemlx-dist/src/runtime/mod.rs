@@ -42,6 +42,7 @@ pub use join::init;
 pub(crate) use launcher_watch::this_launcher;
 pub use lowering::{Lowering, LOWERING_ENV};
 pub(crate) use native::take_vjp_error;
+pub(crate) use native::{bitwise_and, right_shift};
 pub use profile::{CollectiveProfile, CollectiveTime};
 pub use progress::timeout_from_env as collective_timeout;
 pub(crate) use slicing::slice_axis;

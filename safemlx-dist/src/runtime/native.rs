@@ -240,6 +240,23 @@ pub(crate) fn send(x: &Array, dst: c_int, group: &NativeGroup, s: &Stream) -> Re
     })
 }
 
+/// `a >> b`, element-wise on integers (MLX's `right_shift`, which
+/// `safemlx` does not wrap).
+pub(crate) fn right_shift(a: &Array, b: &Array, s: &Stream) -> Result<Array> {
+    array_result("mlx_right_shift", |res| {
+        // SAFETY: valid out-pointer and live arrays and stream.
+        unsafe { safemlx_sys::mlx_right_shift(res, a.as_ptr(), b.as_ptr(), s.as_ptr()) }
+    })
+}
+
+/// `a & b`, element-wise on integers (MLX's `bitwise_and`).
+pub(crate) fn bitwise_and(a: &Array, b: &Array, s: &Stream) -> Result<Array> {
+    array_result("mlx_bitwise_and", |res| {
+        // SAFETY: valid out-pointer and live arrays and stream.
+        unsafe { safemlx_sys::mlx_bitwise_and(res, a.as_ptr(), b.as_ptr(), s.as_ptr()) }
+    })
+}
+
 /// `mlx_distributed_recv` of a checked shape from a checked peer.
 pub(crate) fn recv(
     shape: &[c_int],
