@@ -62,7 +62,20 @@ CASES = {
     "qwen3-qknorm": dict(model_type="qwen3", num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16,
                          tie_word_embeddings=False, rope_theta=1000000.0),
+    # Qwen3's long-context form: YaRN RoPE (frequencies blended between
+    # interpolation and extrapolation, q and k scaled by its mscale).
+    "qwen3-yarn": dict(model_type="qwen3", num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16,
+                       tie_word_embeddings=False, rope_theta=10000.0,
+                       rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 64,
+                                     "beta_fast": 32.0, "beta_slow": 1.0}),
 }
+
+# Each case's weights seed (fixed, so adding a case leaves the others'
+# weights as they were).
+SEEDS = {"llama-tied-kv3": 0, "llama3-kv1-sharded": 1, "mistral-kv2": 2,
+         "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5}
 
 
 def weights(config, rng):
@@ -121,9 +134,9 @@ def write(case, config, tensors):
 
 
 def main():
-    for seed, (case, extra) in enumerate(sorted(CASES.items())):
+    for case, extra in sorted(CASES.items()):
         config = {**BASE, **extra}
-        path = write(case, config, weights(config, np.random.default_rng(seed)))
+        path = write(case, config, weights(config, np.random.default_rng(SEEDS[case])))
         model, _ = load_model(path)
         logits = model(mx.array([PROMPT]))[0].astype(mx.float32)
         golden = {"tokens": np.array(PROMPT, dtype=np.int32),

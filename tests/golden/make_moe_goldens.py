@@ -70,7 +70,26 @@ CASES = {
                       num_experts_per_tok=2, norm_topk_prob=False,
                       decoder_sparse_step=1, mlp_only_layers=[],
                       rope_theta=1000000.0),
+    # GLM-4-MoE: half of each head rotated, q/k norms, q/k/v biases, layer
+    # 0 dense, then sigmoid routing: top-3 of 8 experts within the best 2
+    # of 4 groups, a correction bias, routed scaling 2.5, one shared
+    # expert; a multi-token-prediction layer after the last (not read).
+    "glm4-moe": dict(model_type="glm4_moe", num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, partial_rotary_factor=0.5,
+                     intermediate_size=64, moe_intermediate_size=24,
+                     n_routed_experts=8, num_experts_per_tok=3, n_group=4,
+                     topk_group=2, n_shared_experts=1,
+                     first_k_dense_replace=1, routed_scaling_factor=2.5,
+                     norm_topk_prob=True, use_qk_norm=True,
+                     attention_bias=True, scoring_func="sigmoid",
+                     topk_method="noaux_tc", num_nextn_predict_layers=1,
+                     rope_theta=10000.0, rope_scaling=None),
 }
+
+# Each case's weights seed (fixed, so adding a case leaves the others'
+# weights as they were).
+SEEDS = {"mixtral": 100, "qwen2-moe": 101, "qwen3-moe": 102, "glm4-moe": 103}
 
 
 def weights(config, rng):
@@ -93,11 +112,11 @@ def weights(config, rng):
         t[p + "self_attn.k_proj.weight"] = w(kv * hd, d)
         t[p + "self_attn.v_proj.weight"] = w(kv * hd, d)
         t[p + "self_attn.o_proj.weight"] = w(d, heads * hd)
-        if family == "qwen2_moe":
+        if family in ("qwen2_moe", "glm4_moe"):
             t[p + "self_attn.q_proj.bias"] = w(heads * hd, scale=0.1)
             t[p + "self_attn.k_proj.bias"] = w(kv * hd, scale=0.1)
             t[p + "self_attn.v_proj.bias"] = w(kv * hd, scale=0.1)
-        if family == "qwen3_moe":
+        if family in ("qwen3_moe", "glm4_moe"):
             t[p + "self_attn.q_norm.weight"] = 1.0 + w(hd, scale=0.1)
             t[p + "self_attn.k_norm.weight"] = 1.0 + w(hd, scale=0.1)
         if family == "mixtral":
@@ -108,15 +127,22 @@ def weights(config, rng):
                 t[m + f"experts.{x}.w1.weight"] = w(h, d)
                 t[m + f"experts.{x}.w3.weight"] = w(h, d)
                 t[m + f"experts.{x}.w2.weight"] = w(d, h)
-        elif i in config["mlp_only_layers"]:
+        elif i in config.get("mlp_only_layers", []) or i < config.get("first_k_dense_replace", 0):
             h = config["intermediate_size"]
             t[p + "mlp.gate_proj.weight"] = w(h, d)
             t[p + "mlp.up_proj.weight"] = w(h, d)
             t[p + "mlp.down_proj.weight"] = w(d, h)
         else:
-            e, h = config["num_experts"], config["moe_intermediate_size"]
+            e = config.get("num_experts") or config["n_routed_experts"]
+            h = config["moe_intermediate_size"]
             m = p + "mlp."
             t[m + "gate.weight"] = w(e, d, scale=0.5)
+            if family == "glm4_moe":
+                t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
+                hs = h * config["n_shared_experts"]
+                t[m + "shared_experts.gate_proj.weight"] = w(hs, d)
+                t[m + "shared_experts.up_proj.weight"] = w(hs, d)
+                t[m + "shared_experts.down_proj.weight"] = w(d, hs)
             for x in range(e):
                 t[m + f"experts.{x}.gate_proj.weight"] = w(h, d)
                 t[m + f"experts.{x}.up_proj.weight"] = w(h, d)
@@ -127,6 +153,10 @@ def weights(config, rng):
                 t[m + "shared_expert.up_proj.weight"] = w(hs, d)
                 t[m + "shared_expert.down_proj.weight"] = w(d, hs)
                 t[m + "shared_expert_gate.weight"] = w(1, d, scale=0.5)
+    if config.get("num_nextn_predict_layers"):
+        # A multi-token-prediction layer's tensor, as GLM-4.5 ships one.
+        mtp = f"model.layers.{config['num_hidden_layers']}."
+        t[mtp + "eh_proj.weight"] = w(d, 2 * d)
     return t
 
 
@@ -146,12 +176,12 @@ def tokenizer():
 def main():
     tok = tokenizer()
     prompt = tok.encode("Hello experts, route the tokens.").ids
-    for seed, (case, extra) in enumerate(sorted(CASES.items())):
+    for case, extra in sorted(CASES.items()):
         config = {**BASE, **extra}
         path = OUT / case
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(weights(config, np.random.default_rng(100 + seed)),
+        save_file(weights(config, np.random.default_rng(SEEDS[case])),
                   path / "model.safetensors", metadata={"format": "pt"})
         tok.save(str(path / "tokenizer.json"))
         (path / "tokenizer_config.json").write_text(json.dumps(

@@ -74,6 +74,18 @@ pub enum DenseGating {
     },
     /// The top `k` logits, then a softmax over them.
     TopKSoftmax,
+    /// Sigmoid scores; chosen on scores plus `score_bias` within the
+    /// `topk_group` of `groups` groups whose two best biased scores sum
+    /// highest (other groups' experts score 0); gates the unbiased scores,
+    /// optionally renormalised.
+    SigmoidGroups {
+        /// Expert groups.
+        groups: usize,
+        /// Groups a token may choose from.
+        topk_group: usize,
+        /// Rescale the `k` gates to sum to 1 (when `k > 1`).
+        normalize: bool,
+    },
 }
 
 /// A dense MoE on host floats: router `[d, e]`, SwiGLU experts `gate`,
@@ -98,6 +110,8 @@ pub struct DenseMoe {
     pub gating: DenseGating,
     /// A factor on the routed gates.
     pub scaling: f32,
+    /// `[e]`, added to the scores experts are chosen on (sigmoid gating).
+    pub score_bias: Option<Vec<f32>>,
     /// Shared experts.
     pub shared: Option<DenseShared>,
 }
@@ -159,8 +173,15 @@ impl DenseMoe {
             let total: f32 = exp.iter().sum();
             exp.iter().map(|v| v / total).collect()
         };
+        let sigmoid: Vec<f32> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+        let rank_by = match self.gating {
+            DenseGating::SigmoidGroups {
+                groups, topk_group, ..
+            } => self.group_limited(&sigmoid, groups, topk_group),
+            _ => logits.clone(),
+        };
         let mut order: Vec<usize> = (0..e).collect();
-        order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
+        order.sort_by(|a, b| rank_by[*b].total_cmp(&rank_by[*a]).then(a.cmp(b)));
         let chosen = &order[..self.k];
         let gates: Vec<f32> = match self.gating {
             DenseGating::SoftmaxTopK { normalize } => {
@@ -174,6 +195,13 @@ impl DenseMoe {
             }
             DenseGating::TopKSoftmax => {
                 softmax(&chosen.iter().map(|&c| logits[c]).collect::<Vec<_>>())
+            }
+            DenseGating::SigmoidGroups { normalize, .. } => {
+                let norm: f32 = match normalize && self.k > 1 {
+                    true => chosen.iter().map(|&c| sigmoid[c]).sum(),
+                    false => 1.0,
+                };
+                chosen.iter().map(|&c| sigmoid[c] / norm).collect()
             }
         };
         let mut y = vec![0f32; d];
@@ -203,6 +231,29 @@ impl DenseMoe {
             }
         }
         y
+    }
+}
+
+impl DenseMoe {
+    /// Sigmoid `scores` plus the bias, zero outside the `topk_group`
+    /// groups whose two best biased scores sum highest.
+    fn group_limited(&self, scores: &[f32], groups: usize, topk_group: usize) -> Vec<f32> {
+        let mut biased: Vec<f32> = match &self.score_bias {
+            Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+            None => scores.to_vec(),
+        };
+        let per = biased.len() / groups;
+        let group_score = |g: usize| {
+            let mut v = biased[g * per..(g + 1) * per].to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v.iter().take(2).sum::<f32>()
+        };
+        let mut ranked: Vec<(usize, f32)> = (0..groups).map(|g| (g, group_score(g))).collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for &(g, _) in &ranked[topk_group..] {
+            biased[g * per..(g + 1) * per].fill(0.0);
+        }
+        biased
     }
 }
 

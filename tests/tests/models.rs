@@ -16,7 +16,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
 
 /// Every case of the golden scripts: (directory, what it covers).
-const CASES: [(&str, &str); 6] = [
+const CASES: [(&str, &str); 7] = [
     ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
     (
         "llama3-kv1-sharded",
@@ -25,6 +25,7 @@ const CASES: [(&str, &str); 6] = [
     ("mistral-kv2", "Mistral"),
     ("qwen2-bias", "q/k/v biases"),
     ("qwen3-qknorm", "q/k norms, head_dim 16"),
+    ("qwen3-yarn", "YaRN RoPE scaling"),
     (
         "phi3-fused",
         "Phi-3: fused qkv_proj and gate_up_proj (make_phi3_goldens.py)",
@@ -205,7 +206,7 @@ fn configuration_values_that_cannot_run_are_named() {
             "phi3-fused",
             "rope_scaling",
             serde_json::json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}),
-            "rope scaling \"longrope\" is not supported; supported: default, linear, llama3",
+            "rope scaling \"longrope\" is not supported; supported: default, linear, llama3, yarn",
         ),
     ];
     for (case, key, value, message) in cases {

@@ -1,7 +1,8 @@
 //! The MoE layer between real processes against a dense single-process MoE
 //! on the same weights, at 1, 2, 3 and 4 ranks: both expert placements
-//! (expert parallel, expert tensor parallel), the gatings of Mixtral and
-//! Qwen (renormalised or not), a routed scaling factor, shared experts
+//! (expert parallel, expert tensor parallel), the gatings of Mixtral,
+//! Qwen (renormalised or not) and GLM-4-MoE (sigmoid scores in groups with
+//! a correction bias), a routed scaling factor, shared experts
 //! with their gate, top-1, top-2, top-k = E and top-8 of 64, uneven expert
 //! splits (10 experts over 3 and 4 ranks; 3 experts over 4 ranks, so a rank
 //! holds none), skewed routing (every token to one expert, so other ranks
@@ -31,6 +32,8 @@ struct Case {
     shared: bool,
     capacity: Option<f32>,
     matmul: ExpertMatmul,
+    /// A score correction bias (sigmoid gating).
+    bias: bool,
 }
 
 impl Case {
@@ -45,6 +48,7 @@ impl Case {
             capacity: None,
             // The grouped matmuls, which Auto leaves to GPU streams.
             matmul: ExpertMatmul::Grouped,
+            bias: false,
         }
     }
 }
@@ -99,8 +103,18 @@ fn dense(case: &Case) -> DenseMoe {
         gating: match case.gating {
             Gating::SoftmaxTopK { normalize } => DenseGating::SoftmaxTopK { normalize },
             Gating::TopKSoftmax => DenseGating::TopKSoftmax,
+            Gating::SigmoidGroups {
+                groups,
+                topk_group,
+                normalize,
+            } => DenseGating::SigmoidGroups {
+                groups,
+                topk_group,
+                normalize,
+            },
         },
         scaling: case.scaling,
+        score_bias: case.bias.then(|| continuous(&mut rng, e, 0.3)),
         shared,
     }
 }
@@ -127,6 +141,12 @@ fn layer(group: &Group, case: &Case, placement: ExpertPlacement, w: &DenseMoe) -
         &s,
     )
     .expect("moe");
+    let moe = match &w.score_bias {
+        Some(b) => moe
+            .with_score_bias(Array::from_slice(b, &[e]))
+            .expect("bias"),
+        None => moe,
+    };
     match &w.shared {
         None => moe,
         Some(sh) => {
@@ -253,7 +273,11 @@ fn check_replicated(group: &Group, case: Case, placement: ExpertPlacement, t: us
     let what = format!("{case:?}, {}, {t} tokens, {n} ranks", placement.as_str());
     assert!(err <= 1e-4, "{what}: relative error {err}");
 
-    // The losses over all tokens.
+    // The losses over all tokens (the balancing loss as defined on softmax
+    // probabilities: sigmoid routing balances by its bias instead).
+    if matches!(case.gating, Gating::SigmoidGroups { .. }) {
+        return;
+    }
     let e = case.experts;
     let (mut chosen, mut probs, mut z) = (vec![0f32; e], vec![0f32; e], 0f32);
     for tok in all.chunks(D) {
@@ -337,6 +361,28 @@ fn all_cases(group: &Group) {
             Case {
                 skewed: true,
                 ..Case::new(3, 1)
+            },
+            // GLM-4-MoE's and DeepSeek-V3's routing: 2 of 5 groups, a
+            // correction bias, scaled, beside a shared expert; and
+            // without groups or renormalising.
+            Case {
+                gating: Gating::SigmoidGroups {
+                    groups: 5,
+                    topk_group: 2,
+                    normalize: true,
+                },
+                bias: true,
+                scaling: 2.5,
+                shared: true,
+                ..Case::new(10, 3)
+            },
+            Case {
+                gating: Gating::SigmoidGroups {
+                    groups: 1,
+                    topk_group: 1,
+                    normalize: false,
+                },
+                ..Case::new(10, 2)
             },
             Case {
                 matmul: ExpertMatmul::PerExpert,

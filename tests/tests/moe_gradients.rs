@@ -152,6 +152,19 @@ fn dense_loss(case: &Case, p: &[Array], masks: &(Array, Array), c: &Array, s: &S
                 g
             }
         }
+        Gating::SigmoidGroups { normalize, .. } => {
+            // The cases have one group and no bias: the chosen experts
+            // are the top logits, as `choices` picks them.
+            let g = ops::sigmoid(&logits, s)
+                .unwrap()
+                .multiply(chosen, s)
+                .unwrap();
+            if normalize && case.k > 1 {
+                g.divide(g.sum_axis(-1, true, s).unwrap(), s).unwrap()
+            } else {
+                g
+            }
+        }
         Gating::TopKSoftmax => {
             // Logits outside the chosen ones pushed to -1e9 (exp gives 0).
             let off = chosen
@@ -294,6 +307,16 @@ fn check(group: &Group) {
         Case {
             capacity: Some(1.0),
             ..top2
+        },
+        Case {
+            gating: Gating::SigmoidGroups {
+                groups: 1,
+                topk_group: 1,
+                normalize: true,
+            },
+            scaling: 2.5,
+            shared: true,
+            ..Case::new(5, 2)
         },
         Case {
             skewed: true,

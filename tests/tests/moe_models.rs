@@ -1,6 +1,6 @@
 //! Mixture-of-experts models from Hugging Face directories (Mixtral,
 //! Qwen3-MoE with a dense first layer, Qwen2-MoE with a gated shared
-//! expert) at 1, 2, 3 and 4 ranks, experts split across ranks and experts
+//! expert, GLM-4-MoE with grouped sigmoid routing and partial RoPE) at 1, 2, 3 and 4 ranks, experts split across ranks and experts
 //! sliced: the prompt's logits equal mlx-lm's for the same weights (goldens
 //! made by `tests/golden/make_moe_goldens.py`), decoding with the KV cache
 //! equals the whole-sequence logits, every rank reads only its part; and
@@ -18,7 +18,7 @@ use safemlx_dist_tests::models::{check_logits, golden};
 use safemlx_dist_tests::{built, cpu};
 
 /// Every case of the golden script: (directory, what it covers).
-const CASES: [(&str, &str); 3] = [
+const CASES: [(&str, &str); 4] = [
     ("mixtral", "6 experts, top-2, top-k then softmax"),
     (
         "qwen3-moe",
@@ -27,6 +27,10 @@ const CASES: [(&str, &str); 3] = [
     (
         "qwen2-moe",
         "5 experts, top-2, gated shared expert, q/k/v biases",
+    ),
+    (
+        "glm4-moe",
+        "8 experts in 4 groups, top-3 of the best 2 groups by sigmoid scores with a correction bias, shared expert, half of each head rotated, dense layer 0",
     ),
 ];
 
@@ -200,9 +204,9 @@ fn stacked_experts_of_transformers_5_give_the_same_logits() {
 }
 
 #[test]
-fn generate_runs_mixtral_and_qwen3_moe_with_check() {
+fn generate_runs_mixtral_qwen3_moe_and_glm4_moe_with_check() {
     let (launcher, generate) = (built("safemlx-launch"), built("examples/generate"));
-    for case in ["mixtral", "qwen3-moe"] {
+    for case in ["mixtral", "qwen3-moe", "glm4-moe"] {
         for (ranks, experts) in [
             (1, "parallel"),
             (2, "parallel"),
@@ -282,5 +286,9 @@ fn configurations_that_disagree_with_the_experts_name_the_tensor_or_key() {
             j.as_object_mut().unwrap().remove("num_experts");
         }),
         "model DIR: config.json has no \"num_experts\""
+    );
+    assert_eq!(
+        error_with_config("glm4-moe", "groups", |j| j["n_group"] = 3.into()),
+        "model DIR: \"n_group\" is 3; it must divide \"n_routed_experts\" (8)"
     );
 }

@@ -207,6 +207,7 @@ fn check_block(group: &Group) {
         k: 2,
         gating: DenseGating::SoftmaxTopK { normalize: true },
         scaling: 1.0,
+        score_bias: None,
         shared: None,
     };
     let moe_out: Vec<f32> = normed2

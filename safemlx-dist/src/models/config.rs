@@ -28,11 +28,15 @@ pub enum Family {
     /// Phi-3: q, k and v in one tensor, the MLP's gate and up in one
     /// (see `models/phi3.rs`).
     Phi3,
+    /// GLM-4-MoE (GLM-4.5, 4.6): part of each head rotated, q/k/v biases,
+    /// optional q/k norms, dense first layers, then sigmoid-scored routed
+    /// experts in groups beside shared experts (see `models/glm4_moe.rs`).
+    Glm4Moe,
 }
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 8] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 9] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
@@ -41,6 +45,7 @@ impl Family {
         ("qwen2_moe", Family::Qwen2Moe),
         ("qwen3_moe", Family::Qwen3Moe),
         ("phi3", Family::Phi3),
+        ("glm4_moe", Family::Glm4Moe),
     ];
 }
 
@@ -55,10 +60,17 @@ pub struct MoeSettings {
     /// `intermediate_size`).
     pub hidden: usize,
     /// How gates are computed (Mixtral: top-k then softmax; Qwen: softmax
-    /// then top-k, renormalised with `norm_topk_prob`).
+    /// then top-k, renormalised with `norm_topk_prob`; GLM-4-MoE: sigmoid
+    /// scores in expert groups).
     pub gating: Gating,
-    /// The shared expert's hidden dimension (Qwen2-MoE's
-    /// `shared_expert_intermediate_size`), when there is one.
+    /// A factor on every routed gate (`routed_scaling_factor`; 1 unless
+    /// the model says).
+    pub routed_scaling: f32,
+    /// The first layers keep a dense MLP (`first_k_dense_replace`; 0).
+    pub first_dense: usize,
+    /// The shared experts' hidden dimension (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`; GLM-4-MoE's `n_shared_experts`
+    /// times `moe_intermediate_size`), when there are any.
     pub shared_hidden: Option<usize>,
     /// Every `sparse_step`-th layer is an MoE (`decoder_sparse_step`, 1).
     pub sparse_step: usize,
@@ -78,7 +90,9 @@ impl MoeSettings {
     /// Whether layer `i` is an MoE layer (the others have a dense MLP of
     /// `intermediate_size`).
     pub fn is_moe_layer(&self, i: usize) -> bool {
-        !self.mlp_only_layers.contains(&i) && (i + 1) % self.sparse_step == 0
+        i >= self.first_dense
+            && !self.mlp_only_layers.contains(&i)
+            && (i + 1) % self.sparse_step == 0
     }
 }
 
@@ -106,6 +120,26 @@ pub enum RopeScaling {
     /// Per-pair divisors of the frequencies, as GGUF stores Llama 3's
     /// scaling (the `rope_freqs.weight` tensor).
     Factors(Vec<f32>),
+    /// YaRN: each pair's frequency blended between interpolation (divided
+    /// by `factor`) and extrapolation by a ramp between the pairs that turn
+    /// `beta_fast` and `beta_slow` times over the original context, and
+    /// the rotated part of q and k scaled by
+    /// [`rope_mscale`](LlamaConfig::rope_mscale) (mlx-lm's `YarnRoPE`).
+    Yarn {
+        /// The context extension.
+        factor: f32,
+        /// The context the model was trained with.
+        original_max_position_embeddings: f32,
+        /// Rotations over the original context above which pairs
+        /// extrapolate (32).
+        beta_fast: f32,
+        /// Rotations below which pairs interpolate (1).
+        beta_slow: f32,
+        /// The numerator's `mscale` (1).
+        mscale: f32,
+        /// The denominator's `mscale_all_dim` (0).
+        mscale_all_dim: f32,
+    },
 }
 
 /// A Llama-family model's shape and switches.
@@ -127,6 +161,9 @@ pub struct LlamaConfig {
     pub kv_heads: usize,
     /// Dimensions per head.
     pub head_dim: usize,
+    /// The leading dimensions of each head that RoPE rotates (`head_dim`
+    /// unless a `partial_rotary_factor` says fewer).
+    pub rotary_dim: usize,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
     /// RoPE base.
@@ -175,11 +212,64 @@ impl LlamaConfig {
         4 * (v * d + head + self.layers as u64 * (attention + mlp))
     }
 
-    /// RoPE frequencies for Llama 3 scaling (`None` for the others): the
-    /// wavelength divisor of each rotated pair, as `fast::rope` takes them.
+    /// The factor YaRN puts on the rotated part of q and k:
+    /// `m(mscale) / m(mscale_all_dim)` with `m(x) = 0.1 x ln(factor) + 1`
+    /// (1 when `factor <= 1`); 1 for the other scalings.
+    pub fn rope_mscale(&self) -> f32 {
+        let RopeScaling::Yarn {
+            factor,
+            mscale,
+            mscale_all_dim,
+            ..
+        } = self.rope_scaling
+        else {
+            return 1.0;
+        };
+        let m = |x: f32| match factor <= 1.0 {
+            true => 1.0,
+            false => 0.1 * x * factor.ln() + 1.0,
+        };
+        m(mscale) / m(mscale_all_dim)
+    }
+
+    /// RoPE frequencies for Llama 3 and YaRN scaling (`None` for the
+    /// others): the wavelength divisor of each rotated pair, as
+    /// `fast::rope` takes them.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {
-        let dims = self.head_dim as f32;
+        let dims = self.rotary_dim as f32;
         let base = |i: usize| self.rope_theta.powf(2.0 * i as f32 / dims);
+        if let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast,
+            beta_slow,
+            ..
+        } = self.rope_scaling
+        {
+            // The pair that turns `rotations` times over the original
+            // context (in f64, as mlx-lm rounds it).
+            let pair = |rotations: f32| {
+                let turn = f64::from(rotations) * 2.0 * std::f64::consts::PI;
+                f64::from(dims) * (f64::from(original) / turn).ln()
+                    / (2.0 * f64::from(self.rope_theta).ln())
+            };
+            let low = pair(beta_fast).floor().max(0.0) as f32;
+            let mut high = pair(beta_slow).ceil().min(f64::from(dims) - 1.0) as f32;
+            if low == high {
+                high += 0.001;
+            }
+            return Some(
+                (0..self.rotary_dim / 2)
+                    .map(|i| {
+                        let extrapolated = base(i);
+                        let interpolated = factor * extrapolated;
+                        let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        interpolated * extrapolated
+                            / (interpolated * keep + extrapolated * (1.0 - keep))
+                    })
+                    .collect(),
+            );
+        }
         if let RopeScaling::Factors(factors) = &self.rope_scaling {
             return Some(
                 factors
@@ -201,7 +291,7 @@ impl LlamaConfig {
         let low_wavelen = original / low_freq_factor;
         let high_wavelen = original / high_freq_factor;
         Some(
-            (0..self.head_dim / 2)
+            (0..self.rotary_dim / 2)
                 .map(|i| {
                     let freq = base(i);
                     let wavelen = 2.0 * std::f32::consts::PI * freq;
@@ -256,7 +346,7 @@ mod tests {
         j["model_type"] = "gpt2".into();
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3"
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe"
         );
         let mut j = smollm2();
         j["num_key_value_heads"] = 2.into();
@@ -271,10 +361,17 @@ mod tests {
             "model m: \"hidden_size\" is \"576\", not a whole number"
         );
         let mut j = smollm2();
-        j["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0});
+        j["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: rope scaling \"yarn\" is not supported; supported: default, linear, llama3"
+            "model m: rope scaling \"longrope\" is not supported; supported: default, linear, llama3, yarn"
+        );
+        let mut j = smollm2();
+        j["rope_scaling"] =
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.0});
+        assert_eq!(
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
+            "model m: rope_scaling (beta_fast) is 0: a RoPE scaling factor must be a finite number above 0"
         );
     }
 

@@ -57,6 +57,32 @@ impl LlamaConfig {
             RopeScaling::Factors(values) => {
                 values.iter().map(|&v| ("rope_freqs.weight", v)).collect()
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            } => {
+                if let Some((what, v)) = [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)]
+                    .into_iter()
+                    .find(|&(_, v)| !(v.is_finite() && *v >= 0.0))
+                {
+                    return Err(fail(format!(
+                        "{scaling} ({what}) is {v}: it must be a finite number, 0 or above"
+                    )));
+                }
+                vec![
+                    ("factor", *factor),
+                    (
+                        "original_max_position_embeddings",
+                        *original_max_position_embeddings,
+                    ),
+                    ("beta_fast", *beta_fast),
+                    ("beta_slow", *beta_slow),
+                ]
+            }
         };
         if let Some((what, v)) = factors.into_iter().find(|&(_, v)| !positive(v)) {
             return Err(fail(format!(

@@ -157,6 +157,7 @@ impl LlamaConfig {
             heads,
             kv_heads,
             head_dim,
+            rotary_dim: head_dim,
             rms_norm_eps: float(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,

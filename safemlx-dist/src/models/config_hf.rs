@@ -3,7 +3,8 @@
 use serde_json::Value;
 
 use super::config::{Family, LlamaConfig, MoeSettings, RopeScaling};
-use crate::error::{Error, Result};
+use super::config_keys::Keys;
+use crate::error::Result;
 use crate::nn::{ExpertPlacement, Gating};
 
 impl LlamaConfig {
@@ -14,10 +15,8 @@ impl LlamaConfig {
     /// that do not fit together (e.g. heads that do not divide the model
     /// dimension without a `head_dim`); the message names the key.
     pub fn from_hf(json: &Value, path: &str) -> Result<Self> {
-        let fail = |message: String| Error::Model {
-            path: path.to_owned(),
-            message,
-        };
+        let keys = Keys { json, path };
+        let fail = |message: String| keys.fail(message);
         let model_type = json
             .get("model_type")
             .and_then(Value::as_str)
@@ -35,41 +34,10 @@ impl LlamaConfig {
         if family == Family::Phi3 {
             super::phi3::check_config(json).map_err(fail)?;
         }
-        let int = |key: &str| -> Result<Option<usize>> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|v| usize::try_from(v).ok())
-                    .map(Some)
-                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a whole number"))),
-            }
-        };
-        let need = |key: &str| -> Result<usize> {
-            match int(key)? {
-                Some(0) => Err(fail(format!("\"{key}\" is 0"))),
-                Some(v) => Ok(v),
-                None => Err(fail(format!("config.json has no \"{key}\""))),
-            }
-        };
-        let float = |key: &str, within: &Value| -> Result<Option<f32>> {
-            match within.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(|v| Some(v as f32))
-                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not a number"))),
-            }
-        };
-        let flag = |key: &str| -> Result<Option<bool>> {
-            match json.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_bool()
-                    .map(Some)
-                    .ok_or_else(|| fail(format!("\"{key}\" is {v}, not true or false"))),
-            }
-        };
+        let int = |k: &str| keys.int(k);
+        let need = |k: &str| keys.need(k);
+        let flag = |k: &str| keys.flag(k);
+        let float = |k: &str, within: &Value| keys.float(k, within);
         let hidden_size = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
         let kv_heads = int("num_key_value_heads")?.unwrap_or(heads);
@@ -108,7 +76,7 @@ impl LlamaConfig {
         };
         let rope_scaling = match rope {
             None => RopeScaling::None,
-            Some(r) => rope_scaling(r, &float, &fail)?,
+            Some(r) => rope_scaling(r, &keys)?,
         };
         let eos_token_ids = match json.get("eos_token_id") {
             None | Some(Value::Null) => Vec::new(),
@@ -135,6 +103,8 @@ impl LlamaConfig {
                 top_k: need("num_experts_per_tok")?,
                 hidden: need("intermediate_size")?,
                 gating: Gating::TopKSoftmax,
+                routed_scaling: 1.0,
+                first_dense: 0,
                 shared_hidden: None,
                 sparse_step: 1,
                 mlp_only_layers: Vec::new(),
@@ -168,6 +138,8 @@ impl LlamaConfig {
                     gating: Gating::SoftmaxTopK {
                         normalize: flag("norm_topk_prob")?.unwrap_or(false),
                     },
+                    routed_scaling: 1.0,
+                    first_dense: 0,
                     shared_hidden: match family {
                         Family::Qwen2Moe => {
                             int("shared_expert_intermediate_size")?.filter(|h| *h > 0)
@@ -181,6 +153,7 @@ impl LlamaConfig {
                     placement: ExpertPlacement::ExpertParallel,
                 })
             }
+            Family::Glm4Moe => Some(super::glm4_moe::moe_settings(&keys)?),
             _ => None,
         };
         if let Some(m) = &moe {
@@ -200,13 +173,18 @@ impl LlamaConfig {
             heads,
             kv_heads,
             head_dim,
+            rotary_dim: match family {
+                Family::Glm4Moe => super::glm4_moe::rotary_dim(&keys, head_dim)?,
+                _ => head_dim,
+            },
             rms_norm_eps: float("rms_norm_eps", json)?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             tie_word_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
             qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe)
                 || flag("attention_bias")?.unwrap_or(false),
-            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe)
+                || (family == Family::Glm4Moe && flag("use_qk_norm")?.unwrap_or(false)),
             max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
             sliding_window,
             eos_token_ids,
@@ -227,13 +205,9 @@ impl LlamaConfig {
     }
 }
 
-type FloatOf<'a> = dyn Fn(&str, &Value) -> Result<Option<f32>> + 'a;
-
-fn rope_scaling(
-    r: &Value,
-    float: &FloatOf<'_>,
-    fail: &dyn Fn(String) -> Error,
-) -> Result<RopeScaling> {
+fn rope_scaling(r: &Value, keys: &Keys) -> Result<RopeScaling> {
+    let float = |k: &str, within: &Value| keys.float(k, within);
+    let fail = |m: String| keys.fail(m);
     let kind = r
         .get("rope_type")
         .or_else(|| r.get("type"))
@@ -253,8 +227,17 @@ fn rope_scaling(
             original_max_position_embeddings: float("original_max_position_embeddings", r)?
                 .unwrap_or(8192.0),
         }),
+        "yarn" => Ok(RopeScaling::Yarn {
+            factor: factor()?,
+            original_max_position_embeddings: float("original_max_position_embeddings", r)?
+                .unwrap_or(4096.0),
+            beta_fast: float("beta_fast", r)?.unwrap_or(32.0),
+            beta_slow: float("beta_slow", r)?.unwrap_or(1.0),
+            mscale: float("mscale", r)?.unwrap_or(1.0),
+            mscale_all_dim: float("mscale_all_dim", r)?.unwrap_or(0.0),
+        }),
         other => Err(fail(format!(
-            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3"
+            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3, yarn"
         ))),
     }
 }

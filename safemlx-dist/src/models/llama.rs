@@ -322,6 +322,7 @@ pub const MLP: MlpNames = MlpNames {
 /// (down).
 pub(super) const MIXTRAL_EXPERTS: ExpertNames = ExpertNames {
     router: "gate.weight",
+    router_bias: "gate.e_score_correction_bias",
     experts: "experts",
     stacked: ("experts.gate_up_proj", "experts.down_proj"),
     gate: "w1",
@@ -366,6 +367,7 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
     }
     let config = MoeConfig::new(m.top_k)
         .with_gating(m.gating)
+        .with_routed_scaling(m.routed_scaling)
         .with_placement(m.placement);
     let dims = (c.hidden_size, m.hidden, m.experts);
     Moe::load_hf(&w, &m.names, dims, m.shared_hidden, config, s)
@@ -379,10 +381,11 @@ fn rope(c: &LlamaConfig) -> Rope {
         _ => 1.0,
     };
     Rope {
-        dims: c.head_dim as i32,
+        dims: c.rotary_dim as i32,
         traditional: false,
         base: freqs.is_none().then_some(c.rope_theta),
         scale,
         freqs: freqs.map(|f| Array::from_slice(&f, &[f.len() as i32])),
+        mscale: c.rope_mscale(),
     }
 }

@@ -18,6 +18,8 @@ pub mod config;
 mod config_check;
 mod config_gguf;
 mod config_hf;
+mod config_keys;
+mod glm4_moe;
 pub mod llama;
 mod phi3;
 

@@ -44,16 +44,38 @@ pub struct Rope {
     pub base: Option<f32>,
     /// Position scale (`1 / factor` for linear scaling).
     pub scale: f32,
-    /// Per-pair wavelengths (Llama 3's scaled frequencies).
+    /// Per-pair wavelengths (Llama 3's and YaRN's scaled frequencies).
     pub freqs: Option<Array>,
+    /// A factor on the rotated dimensions of q and k (YaRN's mscale; 1).
+    pub mscale: f32,
 }
 
 impl Rope {
+    /// `x` `[..., head_dim]` with its first `dims` dimensions times
+    /// `mscale` (as is when it is 1).
+    pub(crate) fn prescale(&self, x: &Array, s: &Stream) -> Result<Array> {
+        if self.mscale == 1.0 {
+            return Ok(x.clone());
+        }
+        let width = x.shape().last().copied().unwrap_or(0);
+        let factor = if width == self.dims {
+            Array::from_f32(self.mscale)
+        } else {
+            let rotated = usize::try_from(self.dims).unwrap_or(0);
+            let passed = usize::try_from(width - self.dims).unwrap_or(0);
+            let mut values = vec![self.mscale; rotated];
+            values.resize(rotated + passed, 1.0);
+            Array::from_slice(&values, &[width])
+        };
+        Ok(x.multiply(factor.as_dtype(x.dtype(), s)?, s)?)
+    }
+
     /// `x` `[1, heads, T, head_dim]` rotated for positions `offset..offset + T`.
     fn apply(&self, x: &Array, offset: usize, s: &Stream) -> Result<Array> {
         let offset = i32::try_from(offset).map_err(|_| Error::ShapeOverflow { value: offset })?;
+        let x = self.prescale(x, s)?;
         Ok(safemlx::fast::rope(
-            x,
+            &x,
             self.dims,
             self.traditional,
             self.base,

@@ -206,8 +206,9 @@ impl GqaAttention {
 
 /// `x` `[T, heads, 1, hd]` with row `i` rotated at `positions[i]`.
 fn rotate(rope: &Rope, x: &Array, positions: &Array, s: &Stream) -> Result<Array> {
+    let x = rope.prescale(x, s)?;
     Ok(safemlx::fast::rope_dynamic(
-        x,
+        &x,
         rope.dims,
         rope.traditional,
         rope.base,

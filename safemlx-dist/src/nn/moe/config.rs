@@ -15,6 +15,20 @@ pub enum Gating {
     },
     /// The `k` largest logits, then a softmax over those `k` (Mixtral).
     TopKSoftmax,
+    /// DeepSeek-V3's and GLM-4-MoE's `noaux_tc`: scores `sigmoid(logits)`;
+    /// the experts are chosen on the scores plus the layer's correction
+    /// bias (`e_score_correction_bias`, when it has one) among the
+    /// `topk_group` of `groups` expert groups whose two best biased scores
+    /// sum highest; the gates are the chosen experts' unbiased scores,
+    /// rescaled to sum to 1 with `normalize` (when `k > 1`).
+    SigmoidGroups {
+        /// Expert groups (`n_group`); 1: no group limit.
+        groups: usize,
+        /// Groups a token's experts may come from (`topk_group`).
+        topk_group: usize,
+        /// Rescale the chosen gates to sum to 1 (`norm_topk_prob`).
+        normalize: bool,
+    },
 }
 
 /// Where the experts' weights live.
@@ -128,6 +142,29 @@ impl MoeConfig {
                 "top_k is {}; with {experts} experts it must be 1 to {experts}",
                 self.top_k
             )));
+        }
+        if let Gating::SigmoidGroups {
+            groups, topk_group, ..
+        } = self.gating
+        {
+            if groups == 0 || experts % groups != 0 {
+                return Err(Error::Setting(format!(
+                    "{groups} expert groups: they must divide the {experts} experts"
+                )));
+            }
+            if topk_group == 0 || topk_group > groups {
+                return Err(Error::Setting(format!(
+                    "a token's experts come from {topk_group} of the {groups} groups: it must be 1 to {groups}"
+                )));
+            }
+            let open = topk_group * (experts / groups);
+            if self.top_k > open {
+                return Err(Error::Setting(format!(
+                    "top_k is {}, more than the {open} experts of {topk_group} groups of {} a token may choose from",
+                    self.top_k,
+                    experts / groups
+                )));
+            }
         }
         if let Some(f) = self.capacity_factor {
             if !(f.is_finite() && f > 0.0) {

@@ -125,6 +125,7 @@ impl Moe {
             router: ShardedArray::replicated(router, group),
             experts: Box::new(experts),
             shared: None,
+            score_bias: None,
             config,
             num_experts: e,
         })
@@ -156,6 +157,7 @@ impl Moe {
             router: w.get_fused("router", None, 1, s)?,
             experts: Box::new(experts),
             shared: None,
+            score_bias: None,
             config,
             num_experts: e,
         })
@@ -186,6 +188,10 @@ impl Moe {
         let group = w.comm();
         let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
         let router = w.full(names.router, &[experts, dim], s)?.transpose(s)?;
+        let score_bias = match w.contains(names.router_bias) {
+            true => Some(w.full(names.router_bias, &[experts], s)?),
+            false => None,
+        };
         let expert = |e: usize, which: &str| format!("{}.{e}.{which}.weight", names.experts);
         let (stacked_gate_up, stacked_down) = names.stacked;
         // Stacks per-expert matrices into [E', a, b].
@@ -279,6 +285,7 @@ impl Moe {
             router: ShardedArray::replicated(router, group),
             experts: Box::new(experts_part),
             shared,
+            score_bias,
             config,
             num_experts: experts,
         })
@@ -293,6 +300,9 @@ impl Moe {
 pub struct ExpertNames {
     /// The router, after the prefix: `gate.weight`.
     pub router: &'static str,
+    /// The router's score correction bias `[E]` (DeepSeek-V3's and
+    /// GLM-4-MoE's `gate.e_score_correction_bias`), read when present.
+    pub router_bias: &'static str,
     /// The per-expert tensors' prefix: `experts` (then `.{e}.{gate}`, ...).
     pub experts: &'static str,
     /// The stacked layout's tensors (Transformers 5), gate and up `[E, 2H,

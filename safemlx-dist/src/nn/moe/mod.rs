@@ -85,6 +85,9 @@ pub struct Moe {
     router: ShardedArray<Replicated>,
     experts: Box<Experts>,
     shared: Option<Box<SharedExperts>>,
+    /// `[E]`, added to the scores experts are chosen on (not trained).
+    #[parameters(skip)]
+    score_bias: Option<Array>,
     #[parameters(skip)]
     config: MoeConfig,
     #[parameters(skip)]
@@ -96,6 +99,23 @@ impl Moe {
     pub fn with_shared(mut self, shared: SharedExperts) -> Self {
         self.shared = Some(Box::new(shared));
         self
+    }
+
+    /// With a correction bias `[E]` added to the scores experts are chosen
+    /// on, not to the gates (see [`Gating::SigmoidGroups`]).
+    ///
+    /// # Errors
+    /// A bias of another shape.
+    pub fn with_score_bias(mut self, bias: Array) -> Result<Self> {
+        if bias.shape() != [self.num_experts as i32] {
+            return Err(crate::error::Error::Shape(format!(
+                "a score correction bias of shape {:?} for {} experts: it needs one value per expert",
+                bias.shape(),
+                self.num_experts
+            )));
+        }
+        self.score_bias = Some(bias);
+        Ok(self)
     }
 
     /// The routing configuration.

@@ -77,7 +77,10 @@ impl Moe {
             });
         }
         let logits = x.matmul(router, s)?.as_dtype(Dtype::Float32, s)?;
-        let probs = ops::softmax_axis(&logits, -1, None, s)?;
+        let probs = match self.config.gating {
+            Gating::SigmoidGroups { .. } => ops::sigmoid(&logits, s)?,
+            _ => ops::softmax_axis(&logits, -1, None, s)?,
+        };
         let chosen = if k == e {
             ops::broadcast_to(
                 arange(e, s)?.reshape(&[1, e as i32], s)?,
@@ -86,7 +89,15 @@ impl Moe {
             )?
         } else {
             // The choice is discrete: no gradient flows through it.
-            let fixed = safemlx::stop_gradient(&logits, s)?;
+            let fixed = match self.config.gating {
+                Gating::SigmoidGroups {
+                    groups, topk_group, ..
+                } => {
+                    let scores = safemlx::stop_gradient(&probs, s)?;
+                    self.group_limited(&scores, (groups, topk_group), s)?
+                }
+                _ => safemlx::stop_gradient(&logits, s)?,
+            };
             let top = ops::argpartition_axis(fixed.negative(s)?, (k - 1) as i32, -1, s)?;
             slice_axis(&top, 1, 0, k, s)?
         };
@@ -102,6 +113,14 @@ impl Moe {
             }
             Gating::TopKSoftmax => {
                 ops::softmax_axis(logits.take_along_axis(&chosen, -1, s)?, -1, None, s)?
+            }
+            Gating::SigmoidGroups { normalize, .. } => {
+                let g = probs.take_along_axis(&chosen, -1, s)?;
+                if normalize && k > 1 {
+                    g.divide(g.sum_axis(-1, true, s)?, s)?
+                } else {
+                    g
+                }
             }
         };
         let gates = gates
@@ -161,6 +180,37 @@ impl Moe {
             order,
             summary,
         })
+    }
+
+    /// The scores experts are chosen on under [`Gating::SigmoidGroups`]:
+    /// `scores` `[t, E]` plus the correction bias, zero outside the
+    /// `topk_group` groups whose two best biased scores sum highest (as
+    /// mlx-lm's and Transformers' `noaux_tc` routing sets them).
+    fn group_limited(
+        &self,
+        scores: &Array,
+        (groups, topk_group): (usize, usize),
+        s: &Stream,
+    ) -> Result<Array> {
+        let scores = match &self.score_bias {
+            Some(bias) => scores.add(bias, s)?,
+            None => scores.clone(),
+        };
+        if groups <= 1 || topk_group >= groups {
+            return Ok(scores);
+        }
+        let (t, per) = (scores.shape()[0], (self.num_experts / groups) as i32);
+        let grouped = scores.reshape(&[t, groups as i32, per], s)?;
+        let best = per.min(2);
+        let sorted = ops::sort_axis(&grouped, -1, s)?;
+        let group_score = slice_axis(&sorted, 2, (per - best) as usize, best as usize, s)?
+            .sum_axis(-1, false, s)?;
+        // The topk_group-th highest group score: groups at or above it stay.
+        let ranked = ops::sort_axis(&group_score, -1, s)?;
+        let floor = slice_axis(&ranked, 1, groups - topk_group, 1, s)?;
+        let keep = group_score.ge(&floor, s)?.expand_dims(-1, s)?;
+        let kept = ops::r#where(&keep, &grouped, Array::from_f32(0.0), s)?;
+        Ok(kept.reshape(&[t, self.num_experts as i32], s)?)
     }
 
     /// The kept slots per expert of each rank (rows) and the statistics
