@@ -19,8 +19,8 @@ pub struct ModelArgs {
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
     /// How quantized weights are held: `auto` dequantizes them on a CPU
-    /// stream when the float weights fit in memory (prefill there is many
-    /// times faster), `as-stored` keeps them quantized, `float` always
+    /// stream when the float weights fit in memory (about twice as fast
+    /// there), `as-stored` keeps them quantized, `float` always
     /// dequantizes
     #[arg(long, value_enum, default_value_t = Weights::Auto)]
     pub weights: Weights,
@@ -147,7 +147,7 @@ impl ModelArgs {
                 mib(float)
             ),
             (Weights::Auto, false) => format!(
-                "float32: on a CPU stream it computes many times faster than quantized weights, and its {} fit in half of the {available} available (--weights as-stored keeps quantized weights quantized)",
+                "float32: on a CPU stream it computes about twice as fast as quantized weights, and its {} fit in half of the {available} available (--weights as-stored keeps quantized weights quantized)",
                 mib(float)
             ),
             (Weights::AsStored, false) => "as stored (float)".to_owned(),

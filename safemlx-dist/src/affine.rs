@@ -283,9 +283,7 @@ impl AffineWeight {
             s,
         )?)
     }
-}
 
-impl AffineWeight {
     /// `x Wᵀ` through the float weight, dequantized in blocks of at most
     /// [`DEQUANTIZE_BLOCK`] values whose products are laid side by side:
     /// a block stays in the CPU's cache between its dequantization and its

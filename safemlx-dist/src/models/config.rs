@@ -201,15 +201,19 @@ impl LlamaConfig {
             self.head_dim as u64,
         );
         let attention = d * (q + 2 * kv) * hd + q * hd * d;
-        let mlp = match &self.moe {
-            Some(moe) => {
-                (moe.experts as u64 * moe.hidden as u64 + moe.shared_hidden.unwrap_or(0) as u64)
-                    * 3
-                    * d
-            }
-            None => 3 * d * self.intermediate_size as u64,
-        };
-        4 * (v * d + head + self.layers as u64 * (attention + mlp))
+        let dense = 3 * d * self.intermediate_size as u64;
+        // Each layer's MLP or experts (an MoE model's dense layers too).
+        let mlps: u64 = (0..self.layers)
+            .map(|i| match &self.moe {
+                Some(moe) if moe.is_moe_layer(i) => {
+                    (moe.experts as u64 * moe.hidden as u64 + moe.shared_hidden.unwrap_or(0) as u64)
+                        * 3
+                        * d
+                }
+                _ => dense,
+            })
+            .sum();
+        4 * (v * d + head + self.layers as u64 * attention + mlps)
     }
 
     /// The factor YaRN puts on the rotated part of q and k:

@@ -173,6 +173,14 @@ mod tests {
         assert_eq!((m.routed_scaling, m.first_dense), (2.5, 1));
         assert_eq!(m.shared_hidden, Some(24));
         assert!(!m.is_moe_layer(0) && m.is_moe_layer(1) && m.is_moe_layer(2));
+        // float32 bytes: embedding and head 2 x 320 x 48, attention 9216
+        // per layer, layer 0's dense MLP 3 x 48 x 64, layers 1-2's experts
+        // and shared expert (8 + 1) x 24 x 3 x 48.
+        let want = 4 * (2 * 320 * 48 + 3 * 9216 + 3 * 48 * 64 + 2 * 9 * 24 * 3 * 48);
+        assert_eq!(
+            LlamaConfig::from_hf(&glm(), "m").unwrap().float_bytes(),
+            want
+        );
     }
 
     #[test]

@@ -36,7 +36,8 @@ use crate::typed::{chunk, shard_map, LinearWeight, Replicated, Sharded, ShardedA
 /// Rotary position embedding, as MLX's fused `fast::rope` applies it.
 #[derive(Debug, Clone)]
 pub struct Rope {
-    /// Feature dimensions rotated (the head dimension).
+    /// Feature dimensions rotated: the head dimension, or its leading part
+    /// (GLM-4-MoE's `partial_rotary_factor`).
     pub dims: i32,
     /// `rotate_half` pairs (Hugging Face Llama) when false; interleaved when true.
     pub traditional: bool,
