@@ -254,11 +254,21 @@ fn report(
             )
         })
         .unwrap_or_default();
+    let model = &loaded.model;
+    let (per_token, per_head) = (
+        model.cache_bytes_per_token(),
+        model.per_head_cache_bytes_per_token(),
+    );
+    let latent = if per_token == per_head {
+        String::new()
+    } else {
+        format!(" (latent: {per_token} bytes per token; per-head keys and values would take {per_head})")
+    };
     println!(
-        "rank {rank}/{n}: {heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}",
+        "rank {rank}/{n}: {heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
         mib(loaded.weights.bytes_read()),
-        mib(loaded.model.weight_bytes() as u64),
-        if loaded.model.is_quantized() {
+        mib(model.weight_bytes() as u64),
+        if model.is_quantized() {
             "quantized"
         } else {
             "float"

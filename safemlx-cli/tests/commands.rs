@@ -132,6 +132,17 @@ fn bad_options_name_the_flag() {
         "{}",
         text(&out)
     );
+    let deepseek = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/golden/moe/deepseek-v3"
+    );
+    let out = safemlx(1, &["serve", "--port", "0", "--model", deepseek], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("deepseek-v3: latent attention (DeepSeek-V3) does not run on the server's slot cache yet; `safemlx generate` and `safemlx chat` run it"),
+        "{}",
+        text(&out)
+    );
     let out = safemlx(1, &["generate", "--prompt", "x", "--temperature=-1"], "");
     assert!(
         text(&out).contains("the temperature is -1"),

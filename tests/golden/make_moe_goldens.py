@@ -85,11 +85,75 @@ CASES = {
                      attention_bias=True, scoring_func="sigmoid",
                      topk_method="noaux_tc", num_nextn_predict_layers=1,
                      rope_theta=10000.0, rope_scaling=None),
+    # DeepSeek-V3: latent attention (a query latent, kv latent 16, 8 + 4
+    # dims per query/key head, values of 12; 4 heads, uneven over 3
+    # ranks), YaRN with mscale_all_dim (the softmax scale and the
+    # rotation scaled), layer 0 dense, then GLM's routing; a
+    # multi-token-prediction layer after the last (not read).
+    "deepseek-v3": dict(model_type="deepseek_v3", num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=4,
+                        q_lora_rank=24, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4,
+                        v_head_dim=12, intermediate_size=64,
+                        moe_intermediate_size=24, n_routed_experts=8,
+                        num_experts_per_tok=3, n_group=4, topk_group=2,
+                        n_shared_experts=1, first_k_dense_replace=1,
+                        moe_layer_freq=1, routed_scaling_factor=2.5,
+                        norm_topk_prob=True, scoring_func="sigmoid",
+                        topk_method="noaux_tc", attention_bias=False,
+                        num_nextn_predict_layers=1, rope_theta=10000.0,
+                        rope_scaling={"type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "beta_fast": 32, "beta_slow": 1,
+                                      "mscale": 1.0, "mscale_all_dim": 0.8}),
+    # DeepSeek-V3 without a query latent (q_proj), MoE on every second
+    # layer (moe_layer_freq 2: layers 0 and 2), top-2 of 6 experts in one
+    # group without renormalising, no shared expert, plain RoPE.
+    "deepseek-v3-lite": dict(model_type="deepseek_v3", num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=4,
+                             q_lora_rank=None, kv_lora_rank=16,
+                             qk_nope_head_dim=8, qk_rope_head_dim=4,
+                             v_head_dim=12, intermediate_size=64,
+                             moe_intermediate_size=24, n_routed_experts=6,
+                             num_experts_per_tok=2, n_group=1, topk_group=1,
+                             n_shared_experts=None, first_k_dense_replace=0,
+                             moe_layer_freq=2, routed_scaling_factor=1.0,
+                             norm_topk_prob=False, scoring_func="sigmoid",
+                             topk_method="noaux_tc", attention_bias=False,
+                             rope_theta=10000.0, rope_scaling=None),
 }
 
 # Each case's weights seed (fixed, so adding a case leaves the others'
 # weights as they were).
-SEEDS = {"mixtral": 100, "qwen2-moe": 101, "qwen3-moe": 102, "glm4-moe": 103}
+SEEDS = {"mixtral": 100, "qwen2-moe": 101, "qwen3-moe": 102, "glm4-moe": 103,
+         "deepseek-v3": 104, "deepseek-v3-lite": 105}
+
+
+def latent_attention(config, p, w):
+    """DeepSeek's latent-attention tensors of one layer under prefix p."""
+    d, heads = config["hidden_size"], config["num_attention_heads"]
+    nope, rope = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    r, v = config["kv_lora_rank"], config["v_head_dim"]
+    t = {}
+    if config["q_lora_rank"]:
+        ql = config["q_lora_rank"]
+        t[p + "q_a_proj.weight"] = w(ql, d)
+        t[p + "q_a_layernorm.weight"] = 1.0 + w(ql, scale=0.1)
+        t[p + "q_b_proj.weight"] = w(heads * (nope + rope), ql)
+    else:
+        t[p + "q_proj.weight"] = w(heads * (nope + rope), d)
+    t[p + "kv_a_proj_with_mqa.weight"] = w(r + rope, d)
+    t[p + "kv_a_layernorm.weight"] = 1.0 + w(r, scale=0.1)
+    t[p + "kv_b_proj.weight"] = w(heads * (nope + v), r)
+    t[p + "o_proj.weight"] = w(d, heads * v)
+    return t
+
+
+def dense_layer(config, i):
+    """Whether layer i keeps a dense MLP."""
+    return (i in config.get("mlp_only_layers", [])
+            or i < config.get("first_k_dense_replace", 0)
+            or i % config.get("moe_layer_freq", 1) != 0)
 
 
 def weights(config, rng):
@@ -108,10 +172,13 @@ def weights(config, rng):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = 1.0 + w(d, scale=0.1)
         t[p + "post_attention_layernorm.weight"] = 1.0 + w(d, scale=0.1)
-        t[p + "self_attn.q_proj.weight"] = w(heads * hd, d)
-        t[p + "self_attn.k_proj.weight"] = w(kv * hd, d)
-        t[p + "self_attn.v_proj.weight"] = w(kv * hd, d)
-        t[p + "self_attn.o_proj.weight"] = w(d, heads * hd)
+        if family == "deepseek_v3":
+            t.update(latent_attention(config, p + "self_attn.", w))
+        else:
+            t[p + "self_attn.q_proj.weight"] = w(heads * hd, d)
+            t[p + "self_attn.k_proj.weight"] = w(kv * hd, d)
+            t[p + "self_attn.v_proj.weight"] = w(kv * hd, d)
+            t[p + "self_attn.o_proj.weight"] = w(d, heads * hd)
         if family in ("qwen2_moe", "glm4_moe"):
             t[p + "self_attn.q_proj.bias"] = w(heads * hd, scale=0.1)
             t[p + "self_attn.k_proj.bias"] = w(kv * hd, scale=0.1)
@@ -127,7 +194,7 @@ def weights(config, rng):
                 t[m + f"experts.{x}.w1.weight"] = w(h, d)
                 t[m + f"experts.{x}.w3.weight"] = w(h, d)
                 t[m + f"experts.{x}.w2.weight"] = w(d, h)
-        elif i in config.get("mlp_only_layers", []) or i < config.get("first_k_dense_replace", 0):
+        elif dense_layer(config, i):
             h = config["intermediate_size"]
             t[p + "mlp.gate_proj.weight"] = w(h, d)
             t[p + "mlp.up_proj.weight"] = w(h, d)
@@ -137,8 +204,9 @@ def weights(config, rng):
             h = config["moe_intermediate_size"]
             m = p + "mlp."
             t[m + "gate.weight"] = w(e, d, scale=0.5)
-            if family == "glm4_moe":
+            if family in ("glm4_moe", "deepseek_v3"):
                 t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
+            if config.get("n_shared_experts"):
                 hs = h * config["n_shared_experts"]
                 t[m + "shared_experts.gate_proj.weight"] = w(hs, d)
                 t[m + "shared_experts.up_proj.weight"] = w(hs, d)
@@ -153,11 +221,21 @@ def weights(config, rng):
                 t[m + "shared_expert.up_proj.weight"] = w(hs, d)
                 t[m + "shared_expert.down_proj.weight"] = w(d, hs)
                 t[m + "shared_expert_gate.weight"] = w(1, d, scale=0.5)
-    if config.get("num_nextn_predict_layers"):
+    if config.get("num_nextn_predict_layers") and family != "deepseek_v3":
         # A multi-token-prediction layer's tensor, as GLM-4.5 ships one.
         mtp = f"model.layers.{config['num_hidden_layers']}."
         t[mtp + "eh_proj.weight"] = w(d, 2 * d)
     return t
+
+
+def mtp_tensors(config):
+    """A multi-token-prediction layer's tensors, as DeepSeek-V3 ships them
+    after the last layer."""
+    d = config["hidden_size"]
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    rng = np.random.default_rng(7)
+    return {mtp + "eh_proj.weight": rng.standard_normal((d, 2 * d)).astype(np.float32),
+            mtp + "enorm.weight": np.ones(d, dtype=np.float32)}
 
 
 def tokenizer():
@@ -181,8 +259,12 @@ def main():
         path = OUT / case
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(weights(config, np.random.default_rng(SEEDS[case])),
-                  path / "model.safetensors", metadata={"format": "pt"})
+        tensors = weights(config, np.random.default_rng(SEEDS[case]))
+        # mlx-lm drops GLM's multi-token-prediction layer, not a tiny
+        # DeepSeek's (it drops only layer 61): add it after the goldens.
+        deepseek = config["model_type"] == "deepseek_v3"
+        mtp = mtp_tensors(config) if deepseek and config.get("num_nextn_predict_layers") else {}
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
         tok.save(str(path / "tokenizer.json"))
         (path / "tokenizer_config.json").write_text(json.dumps(
             {"bos_token": "<s>", "eos_token": "</s>"}, indent=2) + "\n")
@@ -191,6 +273,9 @@ def main():
         golden = {"tokens": np.array(prompt, dtype=np.int32),
                   "logits": np.array(logits)}
         save_file(golden, path / "golden.safetensors")
+        if mtp:
+            save_file({**tensors, **mtp}, path / "model.safetensors",
+                      metadata={"format": "pt"})
         print(f"{case}: {len(prompt)} tokens, logits {golden['logits'].shape}, "
               f"argmax {golden['logits'].argmax(-1).tolist()}")
 

@@ -1,6 +1,7 @@
 //! A batch of sequences of different lengths at their own positions, in
 //! one forward pass: every sequence's logits equal those of running it
-//! alone, for dense, Phi-3 and MoE models (GLM-4-MoE's partial RoPE too) at 1 to 4 ranks (the property
+//! alone, for dense, Phi-3 and MoE models (GLM-4-MoE's partial RoPE, DeepSeek-V3's latent
+//! attention too) at 1 to 4 ranks (the property
 //! continuous batching relies on), on one cache per sequence and on a
 //! server's slot cache; a truncated cache continues as a fresh one would;
 //! and the batch's errors name the sequence.
@@ -19,14 +20,15 @@ use safemlx_dist_tests::models::golden;
 
 /// Golden models: Llama with 3 KV heads, Qwen3's q/k norms, Phi-3's fused
 /// tensors, Mixtral's experts, GLM-4-MoE's partial rotation, YaRN's
-/// scaled rotation.
-const CASES: [&str; 6] = [
+/// scaled rotation, DeepSeek-V3's latent attention (its latent cache).
+const CASES: [&str; 7] = [
     "llama/llama-tied-kv3",
     "llama/qwen3-qknorm",
     "llama/qwen3-yarn",
     "llama/phi3-fused",
     "moe/mixtral",
     "moe/glm4-moe",
+    "moe/deepseek-v3",
 ];
 
 fn dir(case: &str) -> PathBuf {

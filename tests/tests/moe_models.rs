@@ -18,7 +18,7 @@ use safemlx_dist_tests::models::{check_logits, golden};
 use safemlx_dist_tests::{built, cpu};
 
 /// Every case of the golden script: (directory, what it covers).
-const CASES: [(&str, &str); 4] = [
+const CASES: [(&str, &str); 6] = [
     ("mixtral", "6 experts, top-2, top-k then softmax"),
     (
         "qwen3-moe",
@@ -31,6 +31,14 @@ const CASES: [(&str, &str); 4] = [
     (
         "glm4-moe",
         "8 experts in 4 groups, top-3 of the best 2 groups by sigmoid scores with a correction bias, shared expert, half of each head rotated, dense layer 0",
+    ),
+    (
+        "deepseek-v3",
+        "latent attention with a query latent and YaRN, GLM's routing, dense layer 0",
+    ),
+    (
+        "deepseek-v3-lite",
+        "latent attention with q_proj, MoE every second layer, 6 experts top-2",
     ),
 ];
 
@@ -68,6 +76,18 @@ fn check_case(group: &Group, case: &str, about: &str, placement: ExpertPlacement
     }
     let (prompt, want) = golden(&golden_dir(case).join("golden.safetensors"), &s);
     check_logits(&model, &prompt, &want, &what);
+    if let Some(mla) = model.config().mla {
+        // The latent cache: kv_lora_rank + qk_rope_head_dim values per
+        // position and layer on every rank, in buffers of STEP positions.
+        let mut cache = model.new_cache();
+        model.forward(&prompt, &mut cache, &s).expect("forward");
+        let values = mla.kv_lora_rank + mla.rope_dim;
+        assert_eq!(values, 20, "{what}");
+        let layers = model.config().layers;
+        let step = safemlx_dist::nn::kv_cache::STEP as usize;
+        assert_eq!(cache.nbytes(), layers * step * values * 4, "{what}");
+        assert_eq!(model.cache_bytes_per_token(), layers * values * 4, "{what}");
+    }
 }
 
 fn all_cases(group: &Group) {
@@ -204,9 +224,9 @@ fn stacked_experts_of_transformers_5_give_the_same_logits() {
 }
 
 #[test]
-fn generate_runs_mixtral_qwen3_moe_and_glm4_moe_with_check() {
+fn generate_runs_mixtral_qwen3_moe_glm4_moe_and_deepseek_v3_with_check() {
     let (launcher, generate) = (built("safemlx-launch"), built("examples/generate"));
-    for case in ["mixtral", "qwen3-moe", "glm4-moe"] {
+    for case in ["mixtral", "qwen3-moe", "glm4-moe", "deepseek-v3"] {
         for (ranks, experts) in [
             (1, "parallel"),
             (2, "parallel"),
@@ -239,6 +259,21 @@ fn generate_runs_mixtral_qwen3_moe_and_glm4_moe_with_check() {
                 all.contains("greedy tokens agree"),
                 "{case} at {ranks} ranks: greedy tokens differ:\n{all}"
             );
+            if case == "deepseek-v3" {
+                // 3 layers of 16 + 4 float32 values; 4 heads' keys (8 + 4)
+                // and values (12) split over the ranks.
+                let per_head = 3 * 4 * 24 * 4 / ranks;
+                let line = format!(
+                    "(latent: 240 bytes per token; per-head keys and values would take {per_head})"
+                );
+                assert!(
+                    all.contains(&line),
+                    "{case} at {ranks} ranks: no `{line}`:\n{all}"
+                );
+                // One line per load (--check loads a reference too), rank 0's.
+                assert!(!all.contains("[rank 1] warning"), "{case}: {all}");
+                assert!(all.contains("skipping the multi-token-prediction layer 3 (2 tensors, e.g. `model.layers.3.eh_proj.weight`): generation does not use them"), "{all}");
+            }
         }
     }
 }

@@ -101,6 +101,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     let loaded = args.model.load(&group, &s)?;
     let model = &loaded.model;
+    if model.config().mla.is_some() {
+        // Every rank reads the same config.json and stops here.
+        return Err(format!(
+            "model {}: latent attention (DeepSeek-V3) does not run on the server's slot cache yet; `safemlx generate` and `safemlx chat` run it",
+            args.model.path()?.display()
+        ));
+    }
     let Some(listener) = listener else {
         return engine::follow(model, bounds, &group, &s);
     };

@@ -32,11 +32,15 @@ pub enum Family {
     /// optional q/k norms, dense first layers, then sigmoid-scored routed
     /// experts in groups beside shared experts (see `models/glm4_moe.rs`).
     Glm4Moe,
+    /// DeepSeek-V3 (and R1, Kimi K2): multi-head latent attention (see
+    /// [`MlaSettings`]), dense first layers, then GLM's grouped sigmoid
+    /// routing beside shared experts (see `models/deepseek_v3.rs`).
+    DeepseekV3,
 }
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 9] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 10] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
@@ -46,6 +50,7 @@ impl Family {
         ("qwen3_moe", Family::Qwen3Moe),
         ("phi3", Family::Phi3),
         ("glm4_moe", Family::Glm4Moe),
+        ("deepseek_v3", Family::DeepseekV3),
     ];
 }
 
@@ -93,6 +98,38 @@ impl MoeSettings {
         i >= self.first_dense
             && !self.mlp_only_layers.contains(&i)
             && (i + 1) % self.sparse_step == 0
+    }
+}
+
+/// DeepSeek's multi-head latent attention: queries through a low-rank
+/// latent (or one projection), keys and values through one shared latent
+/// and a shared RoPE key part (see [`MlaAttention`](crate::nn::MlaAttention)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaSettings {
+    /// The queries' latent (`q_lora_rank`); `None`: one `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// The keys' and values' latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Each query and key head's dimensions without RoPE (`qk_nope_head_dim`).
+    pub nope_dim: usize,
+    /// Its rotated dimensions, the key's shared by every head (`qk_rope_head_dim`).
+    pub rope_dim: usize,
+    /// Each value head's dimensions (`v_head_dim`).
+    pub v_dim: usize,
+}
+
+impl MlaSettings {
+    /// Values one layer's cache holds per position on every rank: the
+    /// latent and the RoPE key, `kv_lora_rank + qk_rope_head_dim`.
+    pub fn latent_values(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+
+    /// Values a per-head cache would hold per position and layer for
+    /// `heads` heads: each head's key and value, `heads * (qk_nope_head_dim
+    /// + qk_rope_head_dim + v_head_dim)`.
+    pub fn per_head_values(&self, heads: usize) -> usize {
+        heads * (self.nope_dim + self.rope_dim + self.v_dim)
     }
 }
 
@@ -186,6 +223,10 @@ pub struct LlamaConfig {
     pub bos_token_id: Option<u32>,
     /// The experts of an MoE model (Mixtral, Qwen2-MoE, Qwen3-MoE).
     pub moe: Option<MoeSettings>,
+    /// Latent attention (DeepSeek-V3), instead of grouped-query heads of
+    /// `head_dim` (which is then the query head's `qk_nope_head_dim +
+    /// qk_rope_head_dim`).
+    pub mla: Option<MlaSettings>,
 }
 
 impl LlamaConfig {
@@ -200,7 +241,17 @@ impl LlamaConfig {
             self.kv_heads as u64,
             self.head_dim as u64,
         );
-        let attention = d * (q + 2 * kv) * hd + q * hd * d;
+        let attention = match &self.mla {
+            None => d * (q + 2 * kv) * hd + q * hd * d,
+            Some(m) => {
+                let [r, nope, v_dim] = [m.kv_lora_rank, m.nope_dim, m.v_dim].map(|x| x as u64);
+                let queries = match m.q_lora_rank {
+                    Some(ql) => d * ql as u64 + ql as u64 * q * hd,
+                    None => d * q * hd,
+                };
+                queries + d * m.latent_values() as u64 + r * q * (nope + v_dim) + q * v_dim * d
+            }
+        };
         let dense = 3 * d * self.intermediate_size as u64;
         // Each layer's MLP or experts (an MoE model's dense layers too).
         let mlps: u64 = (0..self.layers)
@@ -214,6 +265,24 @@ impl LlamaConfig {
             })
             .sum();
         4 * (v * d + head + self.layers as u64 * attention + mlps)
+    }
+
+    /// The softmax scale of attention: `1 / sqrt(head_dim)`, and with
+    /// YaRN on a latent-attention model also `m(mscale_all_dim)^2` (mlx-lm's
+    /// `apply_yarn_mscale`; see [`rope_mscale`](Self::rope_mscale)).
+    pub fn attention_scale(&self) -> f32 {
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        match self.rope_scaling {
+            RopeScaling::Yarn {
+                factor,
+                mscale_all_dim,
+                ..
+            } if self.mla.is_some() && factor > 1.0 && mscale_all_dim != 0.0 => {
+                let m = 0.1 * mscale_all_dim * factor.ln() + 1.0;
+                scale * m * m
+            }
+            _ => scale,
+        }
     }
 
     /// The factor YaRN puts on the rotated part of q and k:
@@ -350,7 +419,7 @@ mod tests {
         j["model_type"] = "gpt2".into();
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe"
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe, deepseek_v3"
         );
         let mut j = smollm2();
         j["num_key_value_heads"] = 2.into();

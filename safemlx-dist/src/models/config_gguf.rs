@@ -169,6 +169,7 @@ impl LlamaConfig {
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             moe: None,
+            mla: None,
         };
         config.check_values(
             [

@@ -40,16 +40,25 @@ impl LlamaConfig {
         let float = |k: &str, within: &Value| keys.float(k, within);
         let hidden_size = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
-        let kv_heads = int("num_key_value_heads")?.unwrap_or(heads);
+        let mla = match family {
+            Family::DeepseekV3 => Some(super::deepseek_v3::mla_settings(&keys)?),
+            _ => None,
+        };
+        // Latent attention has a key and a value head per query head.
+        let kv_heads = match mla {
+            Some(_) => heads,
+            None => int("num_key_value_heads")?.unwrap_or(heads),
+        };
         if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(fail(format!(
                 "num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
             )));
         }
-        let head_dim = match int("head_dim")? {
-            Some(d) => d,
-            None if hidden_size % heads == 0 => hidden_size / heads,
-            None => {
+        let head_dim = match (mla, int("head_dim")?) {
+            (Some(m), _) => m.nope_dim + m.rope_dim,
+            (None, Some(d)) => d,
+            (None, None) if hidden_size % heads == 0 => hidden_size / heads,
+            (None, None) => {
                 return Err(fail(format!(
                     "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({heads}) and there is no \"head_dim\""
                 )))
@@ -153,7 +162,8 @@ impl LlamaConfig {
                     placement: ExpertPlacement::ExpertParallel,
                 })
             }
-            Family::Glm4Moe => Some(super::glm4_moe::moe_settings(&keys)?),
+            Family::Glm4Moe => Some(super::glm4_moe::moe_settings(&keys, "GLM-4-MoE")?),
+            Family::DeepseekV3 => super::deepseek_v3::moe_settings(&keys)?,
             _ => None,
         };
         if let Some(m) = &moe {
@@ -175,7 +185,7 @@ impl LlamaConfig {
             head_dim,
             rotary_dim: match family {
                 Family::Glm4Moe => super::glm4_moe::rotary_dim(&keys, head_dim)?,
-                _ => head_dim,
+                _ => mla.map_or(head_dim, |m| m.rope_dim),
             },
             rms_norm_eps: float("rms_norm_eps", json)?.unwrap_or(1e-6),
             rope_theta,
@@ -190,6 +200,7 @@ impl LlamaConfig {
             eos_token_ids,
             bos_token_id,
             moe,
+            mla,
         };
         config.check_values(
             [
@@ -227,7 +238,8 @@ fn rope_scaling(r: &Value, keys: &Keys) -> Result<RopeScaling> {
             original_max_position_embeddings: float("original_max_position_embeddings", r)?
                 .unwrap_or(8192.0),
         }),
-        "yarn" => Ok(RopeScaling::Yarn {
+        // mlx-lm reads DeepSeek's name for YaRN as YaRN.
+        "yarn" | "deepseek_yarn" => Ok(RopeScaling::Yarn {
             factor: factor()?,
             original_max_position_embeddings: float("original_max_position_embeddings", r)?
                 .unwrap_or(4096.0),

@@ -36,7 +36,8 @@ pub(super) const EXPERTS: ExpertNames = ExpertNames {
     ..QWEN_EXPERTS
 };
 
-/// The experts of a GLM-4-MoE `config.json`, checked.
+/// The experts of a GLM-4-MoE `config.json` (and of DeepSeek-V3's, the
+/// same keys; `family` names the model in messages), checked.
 ///
 /// # Errors
 /// A missing or ill-typed key, a scoring or top-k method other than
@@ -44,12 +45,12 @@ pub(super) const EXPERTS: ExpertNames = ExpertNames {
 /// number above 0, `n_group` not dividing `n_routed_experts`, `topk_group`
 /// outside `1..=n_group`, or `num_experts_per_tok` above the experts of
 /// `topk_group` groups; the message names the keys and the file.
-pub(super) fn moe_settings(keys: &Keys) -> Result<MoeSettings> {
+pub(super) fn moe_settings(keys: &Keys, family: &str) -> Result<MoeSettings> {
     for (key, supported) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
         match keys.json.get(key).and_then(|v| v.as_str()) {
             Some(v) if v != supported => {
                 return Err(keys.fail(format!(
-                    "\"{key}\" is \"{v}\"; GLM-4-MoE is read with \"{supported}\""
+                    "\"{key}\" is \"{v}\"; {family} is read with \"{supported}\""
                 )))
             }
             _ => {}

@@ -24,13 +24,13 @@ mod batch;
 use safemlx::{Array, Stream};
 
 use super::config::{Family, LlamaConfig};
-use super::phi3;
+use super::{deepseek_v3, phi3};
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::nn::{
-    AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, KvCache, Mlp,
-    MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
+    AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, HeadSplit, KvCache,
+    LayerKv, MlaAttention, MlaConfig, Mlp, MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
 };
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
@@ -39,9 +39,52 @@ use crate::typed::{Replicated, Sharded, ShardedArray};
 #[derive(Debug, Parameters)]
 struct DecoderLayer {
     input_norm: RmsNorm,
-    attention: GqaAttention,
+    attention: Attention,
     post_attention_norm: RmsNorm,
     mlp: FeedForward,
+}
+
+/// The attention half of a layer: grouped-query heads, or DeepSeek's
+/// latent attention.
+#[derive(Debug, Parameters)]
+enum Attention {
+    Gqa(GqaAttention),
+    Mla(MlaAttention),
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &ShardedArray<Replicated>,
+        batch: &mut [(usize, &mut dyn LayerKv)],
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        match self {
+            Self::Gqa(a) => a.forward(x, batch, s),
+            Self::Mla(a) => a.forward(x, batch, s),
+        }
+    }
+
+    fn split(&self) -> HeadSplit {
+        match self {
+            Self::Gqa(a) => a.split(),
+            Self::Mla(a) => a.split(),
+        }
+    }
+
+    fn is_quantized(&self) -> bool {
+        match self {
+            Self::Gqa(a) => a.is_quantized(),
+            Self::Mla(a) => a.is_quantized(),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            Self::Gqa(a) => a.nbytes(),
+            Self::Mla(a) => a.nbytes(),
+        }
+    }
 }
 
 /// The feed-forward half of a layer: the MLP (float or quantized
@@ -100,7 +143,10 @@ impl Llama {
     /// the directory, the key or the tensor.
     pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
         let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
-        Self::load(&Weights::new(dir, group), config, s)
+        let layers = config.layers;
+        let model = Self::load(&Weights::new(dir, group), config, s)?;
+        warn_unread_layers(group, dir, layers);
+        Ok(model)
     }
 
     /// Loads this rank's part of a GGUF file: `Q8_0`, `Q4_0` and `Q4_1`
@@ -147,7 +193,7 @@ impl Llama {
         let path = w.source().path().display().to_string();
         let c = &config;
         let d = c.hidden_size;
-        let attention = GqaConfig {
+        let gqa = GqaConfig {
             dim: d,
             heads: c.heads,
             kv_heads: c.kv_heads,
@@ -157,6 +203,18 @@ impl Llama {
             norm_eps: c.rms_norm_eps,
             rope: rope(c),
         };
+        let mla = c.mla.map(|m| MlaConfig {
+            dim: d,
+            heads: c.heads,
+            q_lora_rank: m.q_lora_rank,
+            kv_lora_rank: m.kv_lora_rank,
+            nope_dim: m.nope_dim,
+            rope_dim: m.rope_dim,
+            v_dim: m.v_dim,
+            scale: c.attention_scale(),
+            norm_eps: 1e-6,
+            rope: rope(c),
+        });
         let norm = |w: &Weights| RmsNorm::load(w, d, c.rms_norm_eps, s);
         let (attention_names, mlp_names) = match c.family {
             Family::Phi3 => (&phi3::ATTENTION, &phi3::MLP),
@@ -177,8 +235,13 @@ impl Llama {
                         s,
                     )?)),
                 };
-                let attention =
-                    GqaAttention::load(&w.pp("self_attn"), attention_names, &attention, s)?;
+                let a = w.pp("self_attn");
+                let attention = match &mla {
+                    Some(mla) => {
+                        Attention::Mla(MlaAttention::load(&a, &deepseek_v3::ATTENTION, mla, s)?)
+                    }
+                    None => Attention::Gqa(GqaAttention::load(&a, attention_names, &gqa, s)?),
+                };
                 Ok(DecoderLayer {
                     input_norm: norm(&w.pp("input_layernorm"))?,
                     attention,
@@ -209,13 +272,42 @@ impl Llama {
     }
 
     /// This rank's heads of layer 0 (every layer splits alike).
-    pub fn head_split(&self) -> Option<crate::nn::HeadSplit> {
+    pub fn head_split(&self) -> Option<HeadSplit> {
         self.layers.first().map(|l| l.attention.split())
     }
 
     /// An empty KV cache for this rank's heads.
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.layers.len())
+    }
+
+    /// Bytes this rank's cache holds per position, every layer (float32
+    /// values): its KV heads' keys and values, or with latent attention
+    /// the latent and the RoPE key (the same on every rank), `kv_lora_rank
+    /// + qk_rope_head_dim` values per layer.
+    pub fn cache_bytes_per_token(&self) -> usize {
+        let split = self.head_split().unwrap_or(HeadSplit {
+            query: (0, 0),
+            kv: (0, 0),
+        });
+        let c = &self.config;
+        let values = match c.mla {
+            Some(m) if split.query.1 > 0 => m.latent_values(),
+            Some(_) => 0,
+            None => 2 * split.kv.1 * c.head_dim,
+        };
+        values * 4 * c.layers
+    }
+
+    /// What a per-head cache of this rank's heads would hold per position:
+    /// [`cache_bytes_per_token`](Self::cache_bytes_per_token) without
+    /// latent attention; with it, each head's key (`qk_nope_head_dim +
+    /// qk_rope_head_dim`) and value (`v_head_dim`).
+    pub fn per_head_cache_bytes_per_token(&self) -> usize {
+        match (self.config.mla, self.head_split()) {
+            (Some(m), Some(split)) => m.per_head_values(split.query.1) * 4 * self.config.layers,
+            _ => self.cache_bytes_per_token(),
+        }
     }
 
     /// The logits of `tokens` at positions `cache.len()..`, appending their
@@ -303,6 +395,17 @@ impl Llama {
     }
 }
 
+/// On rank 0, one warning on stderr naming the layers after the last one
+/// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
+/// prediction), which the model does not read.
+pub(super) fn warn_unread_layers(group: &Group, dir: &HfDirectory, layers: usize) {
+    if group.rank() == 0 {
+        if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), layers) {
+            eprintln!("warning: model {}: {warning}", dir.path().display());
+        }
+    }
+}
+
 /// The Llama family's attention tensors under `self_attn`.
 pub const ATTENTION: AttentionNames = AttentionNames {
     qkv: Qkv::Separate(["q_proj", "k_proj", "v_proj"]),
@@ -382,7 +485,8 @@ fn rope(c: &LlamaConfig) -> Rope {
     };
     Rope {
         dims: c.rotary_dim as i32,
-        traditional: false,
+        // DeepSeek's checkpoints rotate interleaved pairs.
+        traditional: c.mla.is_some(),
         base: freqs.is_none().then_some(c.rope_theta),
         scale,
         freqs: freqs.map(|f| Array::from_slice(&f, &[f.len() as i32])),

@@ -8,6 +8,9 @@
 //!   experts split across ranks or sliced ([`LoadOptions::experts`]).
 //! - `phi3`: Phi-3, Llama's decoder with fused `qkv_proj` and
 //!   `gate_up_proj` tensors, from Hugging Face directories.
+//! - `glm4_moe` and `deepseek_v3`: GLM-4-MoE (partial RoPE, grouped
+//!   sigmoid routing) and DeepSeek-V3 (latent attention with a latent KV
+//!   cache, the same routing), Llama's decoder with their settings.
 //!
 //! Every rank loads only its part of each tensor (heads, MLP columns,
 //! vocabulary rows); the logits equal those of the whole model computed in
@@ -19,6 +22,7 @@ mod config_check;
 mod config_gguf;
 mod config_hf;
 mod config_keys;
+mod deepseek_v3;
 mod glm4_moe;
 pub mod llama;
 mod phi3;
@@ -27,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 
-pub use config::{Family, LlamaConfig, MoeSettings, RopeScaling};
+pub use config::{Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
 pub use llama::Llama;
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
@@ -123,7 +127,9 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         if let Some(moe) = &mut config.moe {
             moe.placement = options.experts;
         }
+        let layers = config.layers;
         let model = load(&dir, config)?;
+        llama::warn_unread_layers(group, &dir, layers);
         (model, Box::new(dir), tokenizer)
     } else {
         let file = GgufFile::open(path)?;

@@ -72,7 +72,7 @@ impl Rope {
     }
 
     /// `x` `[1, heads, T, head_dim]` rotated for positions `offset..offset + T`.
-    fn apply(&self, x: &Array, offset: usize, s: &Stream) -> Result<Array> {
+    pub(super) fn apply(&self, x: &Array, offset: usize, s: &Stream) -> Result<Array> {
         let offset = i32::try_from(offset).map_err(|_| Error::ShapeOverflow { value: offset })?;
         let x = self.prescale(x, s)?;
         Ok(safemlx::fast::rope(

@@ -3,8 +3,10 @@
 //! [`LayerKv`] is one layer's cache of one sequence, as attention uses it:
 //! positions held, append, and what it holds. [`LayerCache`], the per-head
 //! cache below, is today's implementation; a sliding-window cache (only
-//! the window kept), a latent cache (DeepSeek's compressed keys) and a
-//! pipeline stage's cache (only its layers) are others. A sequence's
+//! the window kept) and a pipeline stage's cache (only its layers) would
+//! be others. Latent attention
+//! (DeepSeek) keeps its latent and RoPE key in a [`LayerCache`] as one
+//! "head" of keys and values of different widths. A sequence's
 //! cache, [`KvCache`], is one per layer; a batch is one per sequence.
 //!
 //! Each [`LayerCache`] is a buffer `[1, kv_heads, capacity, head_dim]` that
@@ -43,8 +45,9 @@ pub trait LayerKv: std::fmt::Debug + Send {
     /// sequence's cache for a new prompt that starts the same way.
     fn truncate(&mut self, len: usize);
 
-    /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`); returns the
-    /// keys and values attention reads, `[1, kv_heads, S, head_dim]`.
+    /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`; the values may
+    /// have another last dimension than the keys); returns the keys and
+    /// values attention reads, `[1, kv_heads, S, _]`.
     ///
     /// # Errors
     /// `k` and `v` of other shapes than the cached ones, or an MLX error.
@@ -91,7 +94,9 @@ impl LayerKv for LayerCache {
                 "the KV cache takes keys [1, kv_heads, T, head_dim], got {shape:?}"
             )));
         };
-        if v.shape() != shape.as_slice() {
+        // Keys and values may differ in width only (a latent cache keeps
+        // DeepSeek's latent as its keys and the RoPE key as its values).
+        if v.ndim() != 4 || v.shape()[..3] != shape[..3] {
             return Err(Error::Shape(format!(
                 "the KV cache got keys {shape:?} and values {:?}",
                 v.shape()

@@ -7,7 +7,7 @@ use crate::affine::AffineWeight;
 use crate::checkpoint::{whole_groups, Weights};
 use crate::error::{Error, Result};
 use crate::typed::{
-    split_part, LinearWeight, QuantizedArray, QuantizedPlacement, Sharded, ShardedArray,
+    split_part, LinearWeight, QuantizedArray, QuantizedPlacement, Replicated, Sharded, ShardedArray,
 };
 
 /// Ranges of a checkpoint tensor `[out, in]` as stored: float, not
@@ -133,4 +133,24 @@ pub fn load_columns(
 ) -> Result<LinearWeight<Sharded<1>>> {
     let part = [split_part(split, w.comm().rank())];
     read_columns(w, name, shape, &part, s)?.split(w, shape, split)
+}
+
+/// The whole `[out, in]` tensor `name` of shape `shape` on every rank, as
+/// the checkpoint stores it (quantized ones stay quantized): a weight
+/// every rank applies alike (DeepSeek's latent projections).
+///
+/// # Errors
+/// Another shape, or a failed read.
+pub fn load_replicated(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    s: &Stream,
+) -> Result<LinearWeight<Replicated>> {
+    Ok(match read_rows(w, name, shape, &[(0, shape[0])], s)? {
+        Stored::Quantized(q) => {
+            LinearWeight::Quantized(QuantizedArray::from_local(q, w.comm(), shape)?)
+        }
+        Stored::Float(a) => LinearWeight::Float(ShardedArray::replicated(a, w.comm())),
+    })
 }

@@ -1,6 +1,6 @@
 //! Parallel layers on the typed layer.
 //!
-//! The models are built from [`Mlp`], [`GqaAttention`], [`Embedding`],
+//! The models are built from [`Mlp`], [`GqaAttention`], [`MlaAttention`], [`Embedding`],
 //! [`RmsNorm`] and [`Moe`], whose weights are read from a checkpoint as
 //! stored (float or quantized, `[out, in]`), each rank reading only its
 //! part. (The `#[sharded]` attribute's demonstration layers, a SwiGLU MLP,
@@ -16,6 +16,7 @@ mod gqa_slots;
 mod head_split;
 pub mod kv_cache;
 mod load_linear;
+mod mla;
 mod mlp;
 mod moe;
 mod norm;
@@ -25,7 +26,8 @@ pub use embedding::{gather_logits, Embedding};
 pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
 pub use head_split::HeadSplit;
 pub use kv_cache::{KvCache, LayerCache, LayerKv};
-pub use load_linear::{load_columns, load_row_block, load_rows};
+pub use load_linear::{load_columns, load_replicated, load_row_block, load_rows};
+pub use mla::{MlaAttention, MlaConfig, MlaNames};
 pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
     ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, Moe,

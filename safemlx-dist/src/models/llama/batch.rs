@@ -4,9 +4,9 @@
 
 use safemlx::{Array, Stream};
 
-use super::Llama;
+use super::{Attention, Llama};
 use crate::error::{Error, Result};
-use crate::nn::{GqaAttention, KvCache, LayerKv, SlotCache};
+use crate::nn::{KvCache, LayerKv, SlotCache};
 use crate::typed::{Replicated, Sharded, ShardedArray};
 
 impl Llama {
@@ -51,8 +51,12 @@ impl Llama {
         let rows = cache.rows(batch, self.config.sliding_window)?;
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let slots = cache.slots();
-        let x = self.layers_with(&all, s, |i, attention, x| {
-            attention.forward_slots(x, cache.layer_mut(i), &rows, slots, s)
+        let x = self.layers_with(&all, s, |i, attention, x| match attention {
+            Attention::Gqa(a) => a.forward_slots(x, cache.layer_mut(i), &rows, slots, s),
+            Attention::Mla(_) => Err(Error::Model {
+                path: self.path.clone(),
+                message: "latent attention (DeepSeek-V3) does not run on a server's slot cache yet; use `generate`".to_owned(),
+            }),
         })?;
         cache.advance(&rows);
         let lens: Vec<usize> = rows.iter().map(|r| r.len).collect();
@@ -121,7 +125,7 @@ impl Llama {
         s: &Stream,
         mut attend: impl FnMut(
             usize,
-            &GqaAttention,
+            &Attention,
             &ShardedArray<Replicated>,
         ) -> Result<ShardedArray<Replicated>>,
     ) -> Result<ShardedArray<Replicated>> {
