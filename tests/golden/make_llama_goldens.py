@@ -70,12 +70,19 @@ CASES = {
                        rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                      "original_max_position_embeddings": 64,
                                      "beta_fast": 32.0, "beta_slow": 1.0}),
+    # Sliding-window layers (window 3, shorter than the prompt) around a
+    # full-attention one, as gpt-oss and Gemma alternate them.
+    "llama-window": dict(model_type="llama", num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=False,
+                         num_hidden_layers=3, sliding_window=3,
+                         layer_types=["sliding_attention", "full_attention",
+                                      "sliding_attention"]),
 }
 
 # Each case's weights seed (fixed, so adding a case leaves the others'
 # weights as they were).
 SEEDS = {"llama-tied-kv3": 0, "llama3-kv1-sharded": 1, "mistral-kv2": 2,
-         "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5}
+         "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5, "llama-window": 6}
 
 
 def weights(config, rng):

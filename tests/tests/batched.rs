@@ -98,7 +98,7 @@ fn check(group: &Group) {
         // A cache cut back to its first 2 positions continues as if only
         // they had been fed (a server reusing a finished sequence's prefix).
         let [_, cb, _] = &mut caches;
-        cb.truncate(2);
+        cb.truncate(2).expect("holds the positions");
         assert_eq!(cb.len(), 2, "{what}: the truncated cache's positions");
         let got = alone(&model, &prompt[..3], cb, &s);
         let mut fresh = model.new_cache();

@@ -16,7 +16,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
 
 /// Every case of the golden scripts: (directory, what it covers).
-const CASES: [(&str, &str); 7] = [
+const CASES: [(&str, &str); 8] = [
     ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
     (
         "llama3-kv1-sharded",
@@ -26,6 +26,10 @@ const CASES: [(&str, &str); 7] = [
     ("qwen2-bias", "q/k/v biases"),
     ("qwen3-qknorm", "q/k norms, head_dim 16"),
     ("qwen3-yarn", "YaRN RoPE scaling"),
+    (
+        "llama-window",
+        "sliding-window layers of 3 around a full one, a prompt of 9",
+    ),
     (
         "phi3-fused",
         "Phi-3: fused qkv_proj and gate_up_proj (make_phi3_goldens.py)",
@@ -164,7 +168,7 @@ fn a_weight_labelled_as_integers_is_refused() {
 #[test]
 fn configuration_values_that_cannot_run_are_named() {
     let llama = "llama-tied-kv3";
-    let cases: [(&str, &str, serde_json::Value, &str); 7] = [
+    let cases: [(&str, &str, serde_json::Value, &str); 9] = [
         (
             llama,
             "rope_theta",
@@ -194,6 +198,18 @@ fn configuration_values_that_cannot_run_are_named() {
             "eos_token_id",
             67.into(),
             "eos_token_id is 67, outside the vocabulary of 67 tokens",
+        ),
+        (
+            "llama-window",
+            "layer_types",
+            serde_json::json!(["sliding_attention", "full_attention"]),
+            "\"layer_types\" has 2 entries for 3 layers (\"num_hidden_layers\"); give one per layer",
+        ),
+        (
+            "llama-window",
+            "layer_types",
+            serde_json::json!(["sliding_attention", "chunked_attention", "full_attention"]),
+            "\"layer_types\" has the entry \"chunked_attention\"; supported: \"sliding_attention\", \"full_attention\"",
         ),
         // Phi-3's forms not read here: part of each head rotated, LongRoPE.
         (

@@ -215,8 +215,12 @@ pub struct LlamaConfig {
     pub qk_norm: bool,
     /// The longest context (informational; not enforced).
     pub max_position_embeddings: usize,
-    /// Mistral's attention window, when the model has one.
+    /// The attention window of the sliding layers (Mistral's every layer),
+    /// when the model has one.
     pub sliding_window: Option<usize>,
+    /// Layers that see every position despite a window (`layer_types`'
+    /// `full_attention` entries).
+    pub full_attention_layers: Vec<usize>,
     /// Token ids that end generation.
     pub eos_token_ids: Vec<u32>,
     /// The token that starts a sequence, when the model has one.
@@ -265,6 +269,13 @@ impl LlamaConfig {
             })
             .sum();
         4 * (v * d + head + self.layers as u64 * attention + mlps)
+    }
+
+    /// Layer `i`'s attention window: [`sliding_window`](Self::sliding_window)
+    /// unless the layer is a full-attention one.
+    pub fn window(&self, i: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| !self.full_attention_layers.contains(&i))
     }
 
     /// The softmax scale of attention: `1 / sqrt(head_dim)`, and with

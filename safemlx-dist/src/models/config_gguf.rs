@@ -166,6 +166,7 @@ impl LlamaConfig {
             qk_norm: family == Family::Qwen3,
             max_position_embeddings: int(&key("context_length"))?.unwrap_or(0),
             sliding_window: None,
+            full_attention_layers: Vec::new(),
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
             moe: None,

@@ -102,9 +102,16 @@ impl LlamaConfig {
                 .ok_or_else(|| fail(format!("\"eos_token_id\" is {v}, not a token id")))?],
         };
         let bos_token_id = int("bos_token_id")?.and_then(|v| u32::try_from(v).ok());
-        let sliding_window = match family {
-            Family::Mistral | Family::Mixtral => int("sliding_window")?,
+        let layers = need("num_hidden_layers")?;
+        let sliding = layer_types(json, layers, &fail)?;
+        let sliding_window = match (family, &sliding) {
+            (Family::Mistral | Family::Mixtral, _) => int("sliding_window")?,
+            (_, Some(kinds)) if kinds.iter().any(|&s| s) => Some(need("sliding_window")?),
             _ => None,
+        };
+        let full_attention_layers: Vec<usize> = match &sliding {
+            Some(kinds) => (0..layers).filter(|&i| !kinds[i]).collect(),
+            None => Vec::new(),
         };
         let moe = match family {
             Family::Mixtral => Some(MoeSettings {
@@ -179,7 +186,7 @@ impl LlamaConfig {
             vocab_size: need("vocab_size")?,
             hidden_size,
             intermediate_size: need("intermediate_size")?,
-            layers: need("num_hidden_layers")?,
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -197,6 +204,7 @@ impl LlamaConfig {
                 || (family == Family::Glm4Moe && flag("use_qk_norm")?.unwrap_or(false)),
             max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
             sliding_window,
+            full_attention_layers,
             eos_token_ids,
             bos_token_id,
             moe,
@@ -214,6 +222,39 @@ impl LlamaConfig {
         )?;
         Ok(config)
     }
+}
+
+/// `layer_types`, when the file has it: whether each layer is a sliding
+/// one (`sliding_attention`) rather than `full_attention`.
+///
+/// # Errors
+/// Not a list of those two names, or not one entry per layer.
+fn layer_types(
+    json: &Value,
+    layers: usize,
+    fail: &dyn Fn(String) -> crate::error::Error,
+) -> Result<Option<Vec<bool>>> {
+    let list = match json.get("layer_types") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(v) => return Err(fail(format!("\"layer_types\" is {v}, not a list"))),
+    };
+    if list.len() != layers {
+        return Err(fail(format!(
+            "\"layer_types\" has {} entries for {layers} layers (\"num_hidden_layers\"); give one per layer",
+            list.len()
+        )));
+    }
+    list.iter()
+        .map(|v| match v.as_str() {
+            Some("sliding_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(fail(format!(
+                "\"layer_types\" has the entry {v}; supported: \"sliding_attention\", \"full_attention\""
+            ))),
+        })
+        .collect::<Result<Vec<bool>>>()
+        .map(Some)
 }
 
 fn rope_scaling(r: &Value, keys: &Keys) -> Result<RopeScaling> {

@@ -19,6 +19,7 @@
 //! mlx-community directories) stay quantized unless the source is wrapped
 //! in [`Dequantized`](crate::checkpoint::Dequantized).
 
+mod attention;
 mod batch;
 
 use safemlx::{Array, Stream};
@@ -30,10 +31,11 @@ use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::nn::{
     AttentionNames, Embedding, ExpertNames, GateUp, GqaAttention, GqaConfig, HeadSplit, KvCache,
-    LayerKv, MlaAttention, MlaConfig, Mlp, MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
+    MlaAttention, MlaConfig, Mlp, MlpNames, Moe, MoeConfig, Qkv, RmsNorm, Rope,
 };
 use crate::runtime::Group;
 use crate::typed::{Replicated, Sharded, ShardedArray};
+use attention::Attention;
 
 /// One decoder layer on this rank.
 #[derive(Debug, Parameters)]
@@ -42,49 +44,6 @@ struct DecoderLayer {
     attention: Attention,
     post_attention_norm: RmsNorm,
     mlp: FeedForward,
-}
-
-/// The attention half of a layer: grouped-query heads, or DeepSeek's
-/// latent attention.
-#[derive(Debug, Parameters)]
-enum Attention {
-    Gqa(GqaAttention),
-    Mla(MlaAttention),
-}
-
-impl Attention {
-    fn forward(
-        &self,
-        x: &ShardedArray<Replicated>,
-        batch: &mut [(usize, &mut dyn LayerKv)],
-        s: &Stream,
-    ) -> Result<ShardedArray<Replicated>> {
-        match self {
-            Self::Gqa(a) => a.forward(x, batch, s),
-            Self::Mla(a) => a.forward(x, batch, s),
-        }
-    }
-
-    fn split(&self) -> HeadSplit {
-        match self {
-            Self::Gqa(a) => a.split(),
-            Self::Mla(a) => a.split(),
-        }
-    }
-
-    fn is_quantized(&self) -> bool {
-        match self {
-            Self::Gqa(a) => a.is_quantized(),
-            Self::Mla(a) => a.is_quantized(),
-        }
-    }
-
-    fn nbytes(&self) -> usize {
-        match self {
-            Self::Gqa(a) => a.nbytes(),
-            Self::Mla(a) => a.nbytes(),
-        }
-    }
 }
 
 /// The feed-forward half of a layer: the MLP (float or quantized
@@ -202,6 +161,7 @@ impl Llama {
             qk_norm: c.qk_norm,
             norm_eps: c.rms_norm_eps,
             rope: rope(c),
+            window: None,
         };
         let mla = c.mla.map(|m| MlaConfig {
             dim: d,
@@ -238,9 +198,16 @@ impl Llama {
                 let a = w.pp("self_attn");
                 let attention = match &mla {
                     Some(mla) => {
-                        Attention::Mla(MlaAttention::load(&a, &deepseek_v3::ATTENTION, mla, s)?)
+                        let mla = MlaAttention::load(&a, &deepseek_v3::ATTENTION, mla, s)?;
+                        Attention::Mla(Box::new(mla))
                     }
-                    None => Attention::Gqa(GqaAttention::load(&a, attention_names, &gqa, s)?),
+                    None => {
+                        let gqa = GqaConfig {
+                            window: c.window(i),
+                            ..gqa.clone()
+                        };
+                        Attention::Gqa(Box::new(GqaAttention::load(&a, attention_names, &gqa, s)?))
+                    }
                 };
                 Ok(DecoderLayer {
                     input_norm: norm(&w.pp("input_layernorm"))?,
@@ -276,38 +243,13 @@ impl Llama {
         self.layers.first().map(|l| l.attention.split())
     }
 
-    /// An empty KV cache for this rank's heads.
+    /// An empty KV cache for this rank's heads: sliding-window layers keep
+    /// only their window.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.layers.len())
-    }
-
-    /// Bytes this rank's cache holds per position, every layer (float32
-    /// values): its KV heads' keys and values, or with latent attention
-    /// the latent and the RoPE key (the same on every rank), `kv_lora_rank
-    /// + qk_rope_head_dim` values per layer.
-    pub fn cache_bytes_per_token(&self) -> usize {
-        let split = self.head_split().unwrap_or(HeadSplit {
-            query: (0, 0),
-            kv: (0, 0),
-        });
-        let c = &self.config;
-        let values = match c.mla {
-            Some(m) if split.query.1 > 0 => m.latent_values(),
-            Some(_) => 0,
-            None => 2 * split.kv.1 * c.head_dim,
-        };
-        values * 4 * c.layers
-    }
-
-    /// What a per-head cache of this rank's heads would hold per position:
-    /// [`cache_bytes_per_token`](Self::cache_bytes_per_token) without
-    /// latent attention; with it, each head's key (`qk_nope_head_dim +
-    /// qk_rope_head_dim`) and value (`v_head_dim`).
-    pub fn per_head_cache_bytes_per_token(&self) -> usize {
-        match (self.config.mla, self.head_split()) {
-            (Some(m), Some(split)) => m.per_head_values(split.query.1) * 4 * self.config.layers,
-            _ => self.cache_bytes_per_token(),
-        }
+        let windows: Vec<Option<usize>> = (0..self.layers.len())
+            .map(|i| self.config.window(i))
+            .collect();
+        KvCache::with_windows(&windows)
     }
 
     /// The logits of `tokens` at positions `cache.len()..`, appending their
@@ -336,8 +278,7 @@ impl Llama {
     ///
     /// # Errors
     /// No sequence, a sequence without tokens, a cache made for another
-    /// model, a token outside the vocabulary, a sequence longer than
-    /// Mistral's attention window, or an MLX error.
+    /// model, a token outside the vocabulary, or an MLX error.
     pub fn forward_batch(
         &self,
         batch: &mut [(&[u32], &mut KvCache)],

@@ -27,6 +27,7 @@ use safemlx::{Array, Stream};
 use super::head_split::HeadSplit;
 use super::kv_cache::LayerKv;
 use super::load_linear::{load_columns, load_row_block};
+use super::window_cache::window_mask;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
@@ -107,6 +108,9 @@ pub struct GqaConfig {
     pub norm_eps: f32,
     /// The rotation.
     pub rope: Rope,
+    /// A sliding window: each query sees its last `window` positions
+    /// (itself included); `None`: every position before it.
+    pub window: Option<usize>,
 }
 
 /// Where an attention layer's tensors are under its prefix: stems, read
@@ -448,7 +452,14 @@ impl GqaAttention {
         let k = self.config.rope.apply(&k, offset, s)?;
         let (keys, values) = cache.append(&k, &v, s)?;
         let scale = 1.0 / (self.config.head_dim as f32).sqrt();
-        let mask = (t > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let window = match self.config.window {
+            Some(w) => Some(window_mask((offset, t), (cache.first_held(), &keys), w)?),
+            None => None,
+        };
+        let mask = match &window {
+            Some(allowed) => Some(ScaledDotProductAttentionMask::Array(allowed)),
+            None => (t > 1).then_some(ScaledDotProductAttentionMask::Causal),
+        };
         let out =
             safemlx::fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None, s)?;
         // [1, heads, T, hd] -> [T, heads * hd]

@@ -2,12 +2,12 @@
 //!
 //! [`LayerKv`] is one layer's cache of one sequence, as attention uses it:
 //! positions held, append, and what it holds. [`LayerCache`], the per-head
-//! cache below, is today's implementation; a sliding-window cache (only
-//! the window kept) and a pipeline stage's cache (only its layers) would
-//! be others. Latent attention
+//! cache below, keeps every position; a sliding-window layer's
+//! [`WindowCache`](super::WindowCache) keeps only its window (a pipeline
+//! stage's cache, only its layers, would be another). Latent attention
 //! (DeepSeek) keeps its latent and RoPE key in a [`LayerCache`] as one
-//! "head" of keys and values of different widths. A sequence's
-//! cache, [`KvCache`], is one per layer; a batch is one per sequence.
+//! "head" of keys and values of different widths. A sequence's cache,
+//! [`KvCache`], is one per layer; a batch is one per sequence.
 //!
 //! Each [`LayerCache`] is a buffer `[1, kv_heads, capacity, head_dim]` that
 //! grows by [`STEP`] positions at a time; new positions are written into it
@@ -43,7 +43,26 @@ pub trait LayerKv: std::fmt::Debug + Send {
     /// Keeps only the first `len` positions (no-op when it holds fewer):
     /// the next append writes at `len`. A server reuses a finished
     /// sequence's cache for a new prompt that starts the same way.
-    fn truncate(&mut self, len: usize);
+    ///
+    /// # Errors
+    /// A cache that no longer holds what `len` needs (a sliding window
+    /// that has moved past it).
+    fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Whether [`truncate`](Self::truncate) to `len` would succeed.
+    ///
+    /// # Errors
+    /// The error it would return.
+    fn can_truncate(&self, len: usize) -> Result<()> {
+        let _ = len;
+        Ok(())
+    }
+
+    /// The position of the first key [`append`](Self::append) returns: 0,
+    /// or where a sliding window's held positions start.
+    fn first_held(&self) -> usize {
+        0
+    }
 
     /// Appends `k` and `v` (`[1, kv_heads, T, head_dim]`; the values may
     /// have another last dimension than the keys); returns the keys and
@@ -82,34 +101,52 @@ impl LayerKv for LayerCache {
 
     /// Positions past `len` stay in the buffers until overwritten; reads
     /// stop at the length.
-    fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) -> Result<()> {
         self.len = self.len.min(len);
+        Ok(())
     }
 
     /// Every cached position's keys and values.
     fn append(&mut self, k: &Array, v: &Array, s: &Stream) -> Result<(Array, Array)> {
-        let shape = k.shape().to_vec();
-        let &[1, _, t, _] = shape.as_slice() else {
-            return Err(Error::Shape(format!(
-                "the KV cache takes keys [1, kv_heads, T, head_dim], got {shape:?}"
-            )));
-        };
-        // Keys and values may differ in width only (a latent cache keeps
-        // DeepSeek's latent as its keys and the RoPE key as its values).
-        if v.ndim() != 4 || v.shape()[..3] != shape[..3] {
-            return Err(Error::Shape(format!(
-                "the KV cache got keys {shape:?} and values {:?}",
-                v.shape()
-            )));
-        }
         let start =
             i32::try_from(self.len).map_err(|_| Error::ShapeOverflow { value: self.len })?;
-        let end = start + t;
-        let keys = write(&mut self.keys, k, start, end, s)?;
-        let values = write(&mut self.values, v, start, end, s)?;
-        self.len = end as usize;
-        Ok((keys, values))
+        let out = write_at([&mut self.keys, &mut self.values], [k, v], start, s)?;
+        self.len += usize::try_from(k.shape()[2]).unwrap_or(0);
+        Ok(out)
     }
+}
+
+/// Writes `k` and `v` (`[1, heads, T, _]`, the values' last dimension may
+/// differ from the keys') at buffer index `start` of `buffers`; returns
+/// both buffers' entries `0..start + T`.
+///
+/// # Errors
+/// `k` and `v` of other shapes than the buffers hold, or an MLX error.
+pub(super) fn write_at(
+    [keys, values]: [&mut Option<Array>; 2],
+    [k, v]: [&Array; 2],
+    start: i32,
+    s: &Stream,
+) -> Result<(Array, Array)> {
+    let shape = k.shape().to_vec();
+    let &[1, _, t, _] = shape.as_slice() else {
+        return Err(Error::Shape(format!(
+            "the KV cache takes keys [1, kv_heads, T, head_dim], got {shape:?}"
+        )));
+    };
+    // Keys and values may differ in width only (a latent cache keeps
+    // DeepSeek's latent as its keys and the RoPE key as its values).
+    if v.ndim() != 4 || v.shape()[..3] != shape[..3] {
+        return Err(Error::Shape(format!(
+            "the KV cache got keys {shape:?} and values {:?}",
+            v.shape()
+        )));
+    }
+    let end = start + t;
+    Ok((
+        write(keys, k, start, end, s)?,
+        write(values, v, start, end, s)?,
+    ))
 }
 
 /// Writes `x` (`[1, heads, T, hd]`) at positions `start..end` of `buffer`,
@@ -155,9 +192,20 @@ pub struct KvCache {
 impl KvCache {
     /// An empty per-head cache ([`LayerCache`]) for `layers` layers.
     pub fn new(layers: usize) -> Self {
+        Self::with_windows(&vec![None; layers])
+    }
+
+    /// An empty cache of one layer per entry of `windows`: a
+    /// [`WindowCache`](super::WindowCache) keeping the last `w` positions
+    /// for `Some(w)`, a [`LayerCache`] keeping every position for `None`.
+    pub fn with_windows(windows: &[Option<usize>]) -> Self {
         Self {
-            layers: (0..layers)
-                .map(|_| Box::new(LayerCache::default()) as Box<dyn LayerKv>)
+            layers: windows
+                .iter()
+                .map(|w| match w {
+                    Some(w) => Box::new(super::WindowCache::new(*w)) as Box<dyn LayerKv>,
+                    None => Box::new(LayerCache::default()) as Box<dyn LayerKv>,
+                })
                 .collect(),
         }
     }
@@ -174,10 +222,18 @@ impl KvCache {
 
     /// Keeps only the first `len` positions of every layer
     /// ([`LayerKv::truncate`]).
-    pub fn truncate(&mut self, len: usize) {
-        for layer in &mut self.layers {
-            layer.truncate(len);
+    ///
+    /// # Errors
+    /// A sliding-window layer that no longer holds what `len` needs (then
+    /// no layer is cut).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        for layer in &self.layers {
+            layer.can_truncate(len)?;
         }
+        for layer in &mut self.layers {
+            layer.truncate(len)?;
+        }
+        Ok(())
     }
 
     /// Bytes of every layer's cache on this rank.

@@ -21,6 +21,7 @@ mod mlp;
 mod moe;
 mod norm;
 mod slot_cache;
+mod window_cache;
 
 pub use embedding::{gather_logits, Embedding};
 pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
@@ -35,3 +36,4 @@ pub use moe::{
 };
 pub use norm::RmsNorm;
 pub use slot_cache::{SlotCache, SlotLayer, SlotRows};
+pub use window_cache::WindowCache;
