@@ -452,9 +452,14 @@ impl GqaAttention {
         let k = self.config.rope.apply(&k, offset, s)?;
         let (keys, values) = cache.append(&k, &v, s)?;
         let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        // A window mask only when some held key is outside a query's
+        // window: otherwise causal attention is the same.
+        let first = cache.first_held();
         let window = match self.config.window {
-            Some(w) => Some(window_mask((offset, t), (cache.first_held(), &keys), w)?),
-            None => None,
+            Some(w) if offset + t as usize - 1 - first.min(offset) >= w => {
+                Some(window_mask((offset, t), (first, &keys), w)?)
+            }
+            _ => None,
         };
         let mask = match &window {
             Some(allowed) => Some(ScaledDotProductAttentionMask::Array(allowed)),
