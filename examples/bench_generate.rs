@@ -157,6 +157,8 @@ fn run() -> Result<(), String> {
             "all_sum_4k_us": median(latencies),
             "decode_graph_us": median(graph_us),
             "weight_bytes_per_rank": model.weight_bytes(),
+            "cache_bytes_per_token": model.cache_bytes_per_token(),
+            "per_head_cache_bytes_per_token": model.per_head_cache_bytes_per_token(),
             "experts": model.config().moe.as_ref().map(|_| experts.as_str()),
         });
         println!("{row}");

@@ -6,7 +6,8 @@
 //! with their gate, top-1, top-2, top-k = E and top-8 of 64, uneven expert
 //! splits (10 experts over 3 and 4 ranks; 3 experts over 4 ranks, so a rank
 //! holds none), skewed routing (every token to one expert, so other ranks
-//! receive nothing), a capacity factor (dropped counts must match),
+//! receive nothing; every token to one expert group under group-limited
+//! routing), a capacity factor (dropped counts must match),
 //! grouped matmuls against the per-expert loop, one token (ranks with no
 //! rows), and the balancing and z losses.
 
@@ -236,8 +237,13 @@ fn check_rows(group: &Group, case: Case) {
     if case.capacity.is_none() {
         assert_eq!(dropped, 0, "dropless");
     }
-    if case.skewed && case.k == 1 && case.capacity.is_none() && n > 1 && rank < n - 1 {
-        // Every token goes to the last expert, on the last rank.
+    // Group-limited to one group, a skewed router sends every token to the
+    // last group (the last two of 10 experts), on the last rank too.
+    let one_group =
+        matches!(case.gating, Gating::SigmoidGroups { topk_group: 1, groups, .. } if groups > 1);
+    if case.skewed && (case.k == 1 || one_group) && case.capacity.is_none() && n > 1 && rank < n - 1
+    {
+        // Every token goes to the last expert(s), on the last rank.
         assert_eq!(
             out.received.iter().sum::<usize>(),
             0,
@@ -333,8 +339,24 @@ fn all_cases(group: &Group) {
             );
         }
     }
-    check_rows(group, Case::new(10, 10)); // top-k = E
-    check_rows(group, Case::new(3, 2)); // fewer experts than ranks at 4
+    // Top-k = E.
+    check_rows(group, Case::new(10, 10));
+    // Fewer experts than ranks at 4.
+    check_rows(group, Case::new(3, 2));
+    // Group-limited to the best of 5 groups, a skewed router sends every
+    // token to the last group: the other ranks receive nothing.
+    check_rows(
+        group,
+        Case {
+            gating: Gating::SigmoidGroups {
+                groups: 5,
+                topk_group: 1,
+                normalize: true,
+            },
+            skewed: true,
+            ..Case::new(10, 2)
+        },
+    );
     check_rows(
         group,
         Case {
@@ -388,6 +410,17 @@ fn all_cases(group: &Group) {
                 matmul: ExpertMatmul::PerExpert,
                 shared: true,
                 ..Case::new(10, 3)
+            },
+            // Skewed group-limited routing: every token to the last of 5
+            // groups, so the other ranks' experts get no token.
+            Case {
+                gating: Gating::SigmoidGroups {
+                    groups: 5,
+                    topk_group: 1,
+                    normalize: true,
+                },
+                skewed: true,
+                ..Case::new(10, 2)
             },
         ];
         for case in cases {

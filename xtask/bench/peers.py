@@ -21,8 +21,15 @@
                                  4 layers, 8 experts of hidden 1024, top-2)
                                  with TOKENIZER_DIR's tokenizer, for
                                  `cargo xtask bench moe`
-    peers.py moe-peer DIR OUT PROMPT DECODE THREADS
-                                 mlx-lm on DIR, as `run` does
+    peers.py make-deepseek DIR TOKENIZER_DIR
+                                 a random DeepSeek-V3-shaped model (D 1024,
+                                 8 layers, 16 heads, q_lora_rank 384,
+                                 kv_lora_rank 256, 32 experts of 512 in 4
+                                 groups, top-4, 1 shared expert, layer 0
+                                 dense) for `cargo xtask bench moe`
+    peers.py moe-peer DIR OUT PROMPT DECODE THREADS [REPEATS]
+                                 mlx-lm on DIR, as `run` does (REPEATS timed
+                                 runs after a warm-up, 3 by default)
 
     peers.py run GGUF DIR QDIR OUT PROMPT DECODE THREADS mlx-only
                                  the mlx-lm rows only
@@ -186,14 +193,71 @@ def make_moe(out, tokenizer_dir):
         shutil.copy(Path(tokenizer_dir) / name, out / name)
 
 
+def make_deepseek(out, tokenizer_dir):
+    from safetensors.numpy import save_file
+    import shutil
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    d, heads, ql, r, nope, rope, vd = 1024, 16, 384, 256, 64, 32, 64
+    e, h, dense, v = 32, 512, 2048, 320
+    config = {"model_type": "deepseek_v3", "vocab_size": v, "hidden_size": d,
+              "intermediate_size": dense, "moe_intermediate_size": h,
+              "num_hidden_layers": 8, "num_attention_heads": heads,
+              "num_key_value_heads": heads, "q_lora_rank": ql, "kv_lora_rank": r,
+              "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": vd,
+              "n_routed_experts": e, "num_experts_per_tok": 4, "n_group": 4,
+              "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+              "moe_layer_freq": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+              "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+              "attention_bias": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "rope_scaling": None, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": "float32"}
+    rng = np.random.default_rng(1)
+
+    def w(*shape, scale=0.03):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1.0 + w(d),
+         "lm_head.weight": w(v, d)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+        t[a + "q_a_proj.weight"] = w(ql, d)
+        t[a + "q_a_layernorm.weight"] = 1.0 + w(ql)
+        t[a + "q_b_proj.weight"] = w(heads * (nope + rope), ql)
+        t[a + "kv_a_proj_with_mqa.weight"] = w(r + rope, d)
+        t[a + "kv_a_layernorm.weight"] = 1.0 + w(r)
+        t[a + "kv_b_proj.weight"] = w(heads * (nope + vd), r)
+        t[a + "o_proj.weight"] = w(d, heads * vd)
+        m = p + "mlp."
+        if i == 0:
+            for name, shape in [("gate_proj", (dense, d)), ("up_proj", (dense, d)),
+                                ("down_proj", (d, dense))]:
+                t[m + name + ".weight"] = w(*shape)
+            continue
+        t[m + "gate.weight"] = w(e, d, scale=0.5)
+        t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
+        for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)), ("down_proj", (d, h))]:
+            t[m + "shared_experts." + name + ".weight"] = w(*shape)
+            for x in range(e):
+                t[m + f"experts.{x}.{name}.weight"] = w(*shape)
+    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(Path(tokenizer_dir) / name, out / name)
+
+
 def blas():
     """The BLAS MLX runs on in this process: "openblas" when preloaded."""
     return "openblas" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled"
 
 
-def moe_peer(hf_dir, out, n_prompt, decode, threads):
+def moe_peer(hf_dir, out, n_prompt, decode, threads, repeats="3"):
     ids, decode = prompt(int(n_prompt), 320), int(decode)
-    pre, dec = run_mlx_lm(hf_dir, ids, decode)
+    pre, dec = run_mlx_lm(hf_dir, ids, decode, int(repeats))
     row = {"impl": "mlx-lm", "backend": "none", "ranks": 1, "threads": threads,
            "model": hf_dir, "weights": "f32", "prompt_tokens": len(ids),
            "decode_tokens": decode, "prefill_tokens_per_s": len(ids) / median(pre),
@@ -221,7 +285,7 @@ def bench(step_prefill, step_decode, repeats=3):
     return pre, dec
 
 
-def run_mlx_lm(hf_dir, ids, decode):
+def run_mlx_lm(hf_dir, ids, decode, repeats=3):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
@@ -241,7 +305,7 @@ def run_mlx_lm(hf_dir, ids, decode):
             token = mx.argmax(logits[0, -1]).item()
         return decode
 
-    return bench(prefill, steps)
+    return bench(prefill, steps, repeats)
 
 
 def graph_mlx_lm(hf_dir, out, n_prompt, decode):
@@ -303,8 +367,10 @@ def main():
         return make_moe(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "graph":
         return graph_mlx_lm(*sys.argv[2:6])
+    if sys.argv[1] == "make-deepseek":
+        return make_deepseek(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "moe-peer":
-        return moe_peer(*sys.argv[2:7])
+        return moe_peer(*sys.argv[2:8])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]
     mlx_only = sys.argv[9:10] == ["mlx-only"]
     ids, decode = prompt(int(n_prompt)), int(decode)

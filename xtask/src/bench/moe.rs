@@ -4,9 +4,15 @@
 //! dense single-process layer and, on one rank, its grouped matmuls beside
 //! the per-expert loop; then a small random Mixtral-layout model's prefill
 //! and decode at 1, 2 and 4 ranks in both placements, beside mlx-lm on the
-//! same weights. JSON lines in `target/bench/moe.jsonl` (layer rows have
-//! `"layer"`, model rows `"impl"`), then a table and the targets' ratios.
+//! same weights; then a random DeepSeek-V3-shaped model (latent attention,
+//! grouped routing): one rank beside mlx-lm five times interleaved, the
+//! machine's two-process ceiling (two one-rank runs started together), and
+//! 2 and 4 ranks on ring and MPI in both placements, with the latent
+//! cache's bytes per token beside a per-head cache's. JSON lines in
+//! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
+//! `"impl"`), then a table and the targets' ratios.
 
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -107,8 +113,122 @@ pub fn run() -> Result<(), String> {
         }
         cmd::run(peer)?;
     }
+    deepseek(&release, &python, &out)?;
     report(&finish(&out)?);
     Ok(())
+}
+
+/// The DeepSeek-V3-shaped model's rows (see the module's comment).
+fn deepseek(release: &Path, python: &Path, out: &Path) -> Result<(), String> {
+    let model = cmd::cache_root()
+        .join("models")
+        .join("deepseek-v3-small-random");
+    if !model.join("config.json").is_file() {
+        let mut make = Command::new(python);
+        make.arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg("make-deepseek")
+            .arg(&model)
+            .arg(cmd::root().join("tests/golden/moe/deepseek-v3"));
+        cmd::run(make)?;
+    }
+    let path = model.display().to_string();
+    let args = |placement: &'static str, repeats: &'static str| {
+        [
+            "--model".to_owned(),
+            path.clone(),
+            "--prompt-tokens".to_owned(),
+            PROMPT.to_owned(),
+            "--decode-tokens".to_owned(),
+            DECODE.to_owned(),
+            "--experts".to_owned(),
+            placement.to_owned(),
+            "--repeats".to_owned(),
+            repeats.to_owned(),
+        ]
+    };
+    // One rank beside mlx-lm on the system's OpenBLAS (the BLAS ours
+    // links), interleaved: five runs of each.
+    for _ in 0..5 {
+        let one = args(PLACEMENTS[0], "1");
+        launch(release, ("1", "ring"), "bench_generate", &strs(&one), out)?;
+        let mut peer = Command::new(python);
+        peer.arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg("moe-peer")
+            .arg(&model)
+            .arg(out)
+            .args([PROMPT, DECODE, "1", "1"])
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .env("OMP_NUM_THREADS", "1");
+        if let Some(lib) = super::openblas() {
+            peer.env("LD_PRELOAD", lib);
+        }
+        cmd::run(peer)?;
+    }
+    ceiling(release, &strs(&args(PLACEMENTS[0], "3")), out)?;
+    for backend in ["ring", "mpi"] {
+        for ranks in ["2", "4"] {
+            for placement in PLACEMENTS {
+                let a = args(placement, "3");
+                launch(release, (ranks, backend), "bench_generate", &strs(&a), out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The arguments as `&str`s.
+fn strs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// What two processes get at all on this machine: two one-rank runs of
+/// `bench_generate ARGS` started together; one row `"impl": "ceiling"`
+/// with the sum of their tokens/s.
+fn ceiling(release: &Path, args: &[&str], out: &Path) -> Result<(), String> {
+    let parts: Vec<_> = (0..2)
+        .map(|i| out.with_file_name(format!("moe-ceiling-{i}.jsonl")))
+        .collect();
+    let children = parts
+        .iter()
+        .map(|part| {
+            std::fs::write(part, "")
+                .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
+            Command::new(release.join("safemlx-launch"))
+                .args(["-n", "1", "--timeout", "1800", "--"])
+                .arg(release.join("examples").join("bench_generate"))
+                .args(args)
+                .arg("--out")
+                .arg(part)
+                .env("OPENBLAS_NUM_THREADS", "1")
+                .spawn()
+                .map_err(|e| format!("cannot start bench_generate: {e}"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    for mut child in children {
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("a ceiling run of bench_generate failed: {status}"));
+        }
+    }
+    let runs: Vec<Value> = parts
+        .iter()
+        .map(|p| super::read_rows(p))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let sum = |key: &str| runs.iter().filter_map(|r| r[key].as_f64()).sum::<f64>();
+    let row = serde_json::json!({
+        "impl": "ceiling",
+        "model": runs.first().map(|r| r["model"].clone()),
+        "runs": runs.len(),
+        "prefill_tokens_per_s": sum("prefill_tokens_per_s"),
+        "decode_tokens_per_s": sum("decode_tokens_per_s"),
+    });
+    println!("{row}");
+    let mut text = std::fs::read_to_string(out).map_err(|e| e.to_string())?;
+    text.push_str(&format!("{row}\n"));
+    std::fs::write(out, text).map_err(|e| e.to_string())
 }
 
 fn layer<'a>(
@@ -131,10 +251,27 @@ fn layer<'a>(
 fn model<'a>(rows: &'a [Value], backend: &str, ranks: u64, placement: &str) -> Option<&'a Value> {
     rows.iter().find(|r| {
         r["impl"] == "safemlx-dist"
+            && is_model(r, "mixtral")
             && r["backend"] == backend
             && r["ranks"].as_u64() == Some(ranks)
             && r["experts"] == placement
     })
+}
+
+/// Whether row `r` measured the model whose directory's name has `name`.
+fn is_model(r: &Value, name: &str) -> bool {
+    r["model"].as_str().is_some_and(|m| m.contains(name))
+}
+
+/// The median of `key` over the rows `keep` selects.
+fn median_of(rows: &[Value], keep: impl Fn(&Value) -> bool, key: &str) -> Option<f64> {
+    let mut v: Vec<f64> = rows
+        .iter()
+        .filter(|r| keep(r))
+        .filter_map(|r| r[key].as_f64())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 fn report(rows: &[Value]) {
@@ -215,6 +352,7 @@ fn report(rows: &[Value]) {
             );
         }
     }
+    report_deepseek(rows);
     let decode = |ranks, placement| {
         model(rows, "mpi", ranks, placement).and_then(|r| r["decode_tokens_per_s"].as_f64())
     };
@@ -226,6 +364,49 @@ fn report(rows: &[Value]) {
         println!(
             "target: MoE model decode, MPI x2 ({placement}) vs 1 rank: {:.2}x the tokens/s (goal >= 1.2x)",
             two / one
+        );
+    }
+}
+
+/// The DeepSeek-shaped model's targets: one rank vs mlx-lm, two MPI ranks
+/// vs the two-process ceiling, and the cache's bytes per token.
+fn report_deepseek(rows: &[Value]) {
+    let ours = |r: &Value| r["impl"] == "safemlx-dist" && is_model(r, "deepseek");
+    let one = |r: &Value| ours(r) && r["ranks"].as_u64() == Some(1);
+    let peer = |r: &Value| r["impl"] == "mlx-lm" && is_model(r, "deepseek");
+    let decode = "decode_tokens_per_s";
+    if let Some(row) = rows.iter().find(|r| one(r)) {
+        println!(
+            "deepseek-shaped: KV cache {} bytes per token per rank (latent); a per-head cache would hold {}",
+            row["cache_bytes_per_token"], row["per_head_cache_bytes_per_token"]
+        );
+    }
+    let (alone, mlx_lm) = (median_of(rows, one, decode), median_of(rows, peer, decode));
+    if let (Some(a), Some(m)) = (alone, mlx_lm) {
+        println!(
+            "target: deepseek-shaped decode, 1 rank vs mlx-lm (OpenBLAS, medians of 5 interleaved runs): {a:.1} vs {m:.1} tokens/s = {:.2}x (goal >= 0.9x)",
+            a / m
+        );
+    }
+    let ceiling = median_of(rows, |r| r["impl"] == "ceiling", decode);
+    let best = ["expert parallel", "expert tensor parallel"]
+        .into_iter()
+        .filter_map(|p| {
+            let two = |r: &Value| {
+                ours(r)
+                    && r["backend"] == "mpi"
+                    && r["ranks"].as_u64() == Some(2)
+                    && r["experts"] == p
+            };
+            median_of(rows, two, decode).map(|v| (v, p))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let (Some((two, placement)), Some(a), Some(c)) = (best, alone, ceiling) {
+        println!(
+            "target: deepseek-shaped decode, MPI x2 ({placement}) vs 1 rank: {:.2}x; the ceiling (two 1-rank runs together) {:.2}x; ratio {:.2} (goal >= 0.7)",
+            two / a,
+            c / a,
+            (two / a) / (c / a)
         );
     }
 }
