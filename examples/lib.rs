@@ -6,6 +6,8 @@
 mod book;
 pub mod dense;
 pub mod layers;
+pub mod loss_plot;
+pub mod train_model;
 
 use std::path::PathBuf;
 

@@ -38,19 +38,8 @@ use safemlx_dist::models::Llama;
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::{CollectiveProfile, Group, Replicated, ShardedArray};
-use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, weights};
-
-const VOCAB: i32 = 256;
-const HEADS: i32 = 8;
-const KV_HEADS: i32 = 4;
-
-/// The model's size: width, MLP hidden width, layers.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Size {
-    dim: i32,
-    hidden: i32,
-    layers: i32,
-}
+use safemlx_dist_examples::train_model::{corpus, write_model, Size, HEADS};
+use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median};
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("train", run())
@@ -58,110 +47,6 @@ fn main() -> ExitCode {
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
-}
-
-/// The corpus: short English sentences from a fixed grammar, the same on
-/// every rank and run.
-fn corpus() -> Vec<u8> {
-    let subjects = ["the cat", "a dog", "the bird", "my friend", "the child"];
-    let verbs = ["sees", "likes", "follows", "finds", "helps"];
-    let objects = ["the ball", "a tree", "the house", "the river", "a book"];
-    let mut text = String::new();
-    let mut state: u64 = 7;
-    let mut next = |n: usize| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        (state >> 33) as usize % n
-    };
-    while text.len() < 20_000 {
-        let (s, v, o) = (next(5), next(5), next(5));
-        text.push_str(&format!("{} {} {}. ", subjects[s], verbs[v], objects[o]));
-    }
-    text.into_bytes()
-}
-
-/// Rank 0 writes the random model to `dir` unless it is there; every rank
-/// then waits for it (a barrier).
-fn write_model(dir: &Path, size: Size, group: &Group, s: &Stream) -> Result<(), String> {
-    let Size {
-        dim,
-        hidden,
-        layers,
-    } = size;
-    if group.rank() == 0 && !dir.join("model.safetensors").exists() {
-        std::fs::create_dir_all(dir).map_err(err)?;
-        let config = serde_json::json!({
-            "model_type": "llama",
-            "vocab_size": VOCAB,
-            "hidden_size": dim,
-            "intermediate_size": hidden,
-            "num_hidden_layers": layers,
-            "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "max_position_embeddings": 1024,
-            "tie_word_embeddings": true,
-            "torch_dtype": "float32",
-        });
-        std::fs::write(dir.join("config.json"), config.to_string()).map_err(err)?;
-        let hd = dim / HEADS;
-        let mut tensors: Vec<(String, Array)> = vec![
-            (
-                "model.embed_tokens.weight".into(),
-                weights(&[VOCAB, dim], 1, 0.1),
-            ),
-            (
-                "model.norm.weight".into(),
-                Array::from_slice(&vec![1.0f32; dim as usize], &[dim]),
-            ),
-        ];
-        for l in 0..layers {
-            let p = |name: &str| format!("model.layers.{l}.{name}");
-            let seed = 100 * (l as u64 + 1);
-            let ones = || Array::from_slice(&vec![1.0f32; dim as usize], &[dim]);
-            tensors.extend([
-                (p("input_layernorm.weight"), ones()),
-                (p("post_attention_layernorm.weight"), ones()),
-                (
-                    p("self_attn.q_proj.weight"),
-                    weights(&[HEADS * hd, dim], seed + 1, 0.15),
-                ),
-                (
-                    p("self_attn.k_proj.weight"),
-                    weights(&[KV_HEADS * hd, dim], seed + 2, 0.15),
-                ),
-                (
-                    p("self_attn.v_proj.weight"),
-                    weights(&[KV_HEADS * hd, dim], seed + 3, 0.15),
-                ),
-                (
-                    p("self_attn.o_proj.weight"),
-                    weights(&[dim, HEADS * hd], seed + 4, 0.15),
-                ),
-                (
-                    p("mlp.gate_proj.weight"),
-                    weights(&[hidden, dim], seed + 5, 0.15),
-                ),
-                (
-                    p("mlp.up_proj.weight"),
-                    weights(&[hidden, dim], seed + 6, 0.15),
-                ),
-                (
-                    p("mlp.down_proj.weight"),
-                    weights(&[dim, hidden], seed + 7, 0.1),
-                ),
-            ]);
-        }
-        save(dir.join("model.safetensors"), &tensors, s).map_err(err)?;
-        println!(
-            "rank 0: wrote a random {layers}-layer model (width {dim}, MLP {hidden}) to {}",
-            dir.display()
-        );
-    }
-    let done = safemlx_dist::all_sum(&Array::from_f32(1.0), group, s).map_err(err)?;
-    safemlx_dist::eval(&[&done]).map_err(err)
 }
 
 /// The mean cross-entropy of `targets` under the full logits `[T, V]`.
@@ -245,109 +130,6 @@ fn resume(
         model.with_parameters(&params).map_err(err)?,
         Saved { steps, losses },
     ))
-}
-
-/// Every `loss-N.json` in `out`, drawn to `out/loss.png`.
-fn plot(out: &Path) -> Result<PathBuf, String> {
-    use plotters::prelude::*;
-    // (ranks, replicas, losses) of each `loss-N.json` / `loss-N-dpR.json`.
-    let mut curves: Vec<(usize, usize, Vec<f32>)> = Vec::new();
-    for entry in std::fs::read_dir(out).map_err(err)? {
-        let path = entry.map_err(err)?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let Some(label) = name
-            .strip_prefix("loss-")
-            .and_then(|n| n.strip_suffix(".json"))
-        else {
-            continue;
-        };
-        let (ranks, replicas) = match label.split_once("-dp") {
-            Some((n, r)) => (n, r),
-            None => (label, "1"),
-        };
-        let (Ok(ranks), Ok(replicas)) = (ranks.parse(), replicas.parse()) else {
-            continue;
-        };
-        let text = std::fs::read_to_string(&path).map_err(err)?;
-        curves.push((ranks, replicas, serde_json::from_str(&text).map_err(err)?));
-    }
-    curves.sort_by_key(|c| (c.1, c.0));
-    let font = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
-    let labels = match std::fs::read(font) {
-        Ok(bytes) => plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            Box::leak(bytes.into_boxed_slice()),
-        )
-        .is_ok(),
-        Err(_) => false,
-    };
-    let steps = curves.iter().map(|c| c.2.len()).max().unwrap_or(1).max(2);
-    let top = curves
-        .iter()
-        .flat_map(|c| c.2.iter().copied())
-        .fold(0.0f32, f32::max)
-        * 1.05;
-    let png = out.join("loss.png");
-    let root = BitMapBackend::new(&png, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(20);
-    if labels {
-        builder
-            .caption("training loss (cross-entropy per byte)", ("sans-serif", 22))
-            .x_label_area_size(40)
-            .y_label_area_size(50);
-    }
-    let mut chart = builder
-        .build_cartesian_2d(0..steps, 0f32..top.max(1e-3))
-        .map_err(err)?;
-    if labels {
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc("loss")
-            .draw()
-            .map_err(err)?;
-    }
-    let colors = [BLUE, RED, GREEN, MAGENTA];
-    for (k, (ranks, replicas, losses)) in curves.iter().enumerate() {
-        let color = colors[k % colors.len()];
-        let series = chart
-            .draw_series(LineSeries::new(
-                losses.iter().enumerate().map(|(i, &l)| (i, l)),
-                color.stroke_width(2),
-            ))
-            .map_err(err)?;
-        if labels {
-            let label = if *replicas > 1 {
-                format!("{ranks} ranks, {replicas} data-parallel replicas")
-            } else {
-                format!("{ranks} rank(s)")
-            };
-            series
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-    }
-    if labels {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-    }
-    root.present().map_err(err)?;
-    drop(chart);
-    drop(root);
-    if !labels {
-        println!(
-            "rank 0: no font at {}: the picture has no labels",
-            font.display()
-        );
-    }
-    Ok(png)
 }
 
 /// The groups of a run: the tensor-parallel group the model is split
@@ -608,7 +390,7 @@ fn run() -> Result<(), String> {
         };
         let curve = out.join(name);
         std::fs::write(&curve, serde_json::to_string(&losses).map_err(err)?).map_err(err)?;
-        let png = plot(&out)?;
+        let png = safemlx_dist_examples::loss_plot::plot(&out)?;
         println!(
             "rank 0: loss curve in {} (every loss-*.json in {})",
             png.display(),
