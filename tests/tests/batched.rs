@@ -2,9 +2,10 @@
 //! one forward pass: every sequence's logits equal those of running it
 //! alone, for dense, Phi-3 and MoE models (GLM-4-MoE's partial RoPE, DeepSeek-V3's latent
 //! attention too) at 1 to 4 ranks (the property
-//! continuous batching relies on), on one cache per sequence and on a
-//! server's slot cache; a truncated cache continues as a fresh one would;
-//! and the batch's errors name the sequence.
+//! continuous batching relies on), on one cache per sequence (the slot
+//! cache's equivalent is `slots.rs`); a truncated cache continues as a
+//! fresh one would; and the batch's errors, slot batches' too, name the
+//! sequence.
 
 use std::path::{Path, PathBuf};
 
