@@ -1,7 +1,7 @@
 //! Checks of a loaded model's logits against golden ones: the whole prompt,
 //! the last position only, and prefill then decode with the KV cache.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 use safemlx_dist::checkpoint::SafetensorsFile;
@@ -10,6 +10,14 @@ use safemlx_dist::nn::gather_logits;
 
 use crate::cpu;
 use crate::dense::{host, max_relative_error};
+
+/// The golden model directory `case` (`llama/...`, `moe/...`) under
+/// `tests/golden`.
+pub fn golden_dir(case: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden")
+        .join(case)
+}
 
 /// The prompt (`tokens`) and logits `[T, V]` (`logits`, row-major) of a
 /// golden safetensors file.

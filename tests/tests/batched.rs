@@ -7,8 +7,6 @@
 //! fresh one would; and the batch's errors, slot batches' too, name the
 //! sequence.
 
-use std::path::{Path, PathBuf};
-
 use safemlx::Stream;
 use safemlx_dist::checkpoint::HfDirectory;
 use safemlx_dist::launch::Ranks;
@@ -17,7 +15,7 @@ use safemlx_dist::nn::{gather_logits, KvCache};
 use safemlx_dist::Group;
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error};
-use safemlx_dist_tests::models::golden;
+use safemlx_dist_tests::models::{golden, golden_dir as dir};
 
 /// Golden models: Llama with 3 KV heads, Qwen3's q/k norms, Phi-3's fused
 /// tensors, Mixtral's experts, GLM-4-MoE's partial rotation, YaRN's
@@ -31,12 +29,6 @@ const CASES: [&str; 7] = [
     "moe/glm4-moe",
     "moe/deepseek-v3",
 ];
-
-fn dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("golden")
-        .join(case)
-}
 
 /// Full logits rows of `tokens` run alone on `cache`.
 fn alone(model: &Llama, tokens: &[u32], cache: &mut KvCache, s: &Stream) -> Vec<f32> {

@@ -319,6 +319,21 @@ fn check_replicated(group: &Group, case: Case, placement: ExpertPlacement, t: us
     );
 }
 
+/// Group-limited routing to the best of 5 groups under a skewed router:
+/// every token goes to the last group, so the other ranks' experts get no
+/// token.
+fn skewed_groups() -> Case {
+    Case {
+        gating: Gating::SigmoidGroups {
+            groups: 5,
+            topk_group: 1,
+            normalize: true,
+        },
+        skewed: true,
+        ..Case::new(10, 2)
+    }
+}
+
 fn all_cases(group: &Group) {
     let mixtral = Gating::TopKSoftmax;
     let qwen2 = Gating::SoftmaxTopK { normalize: false };
@@ -343,20 +358,7 @@ fn all_cases(group: &Group) {
     check_rows(group, Case::new(10, 10));
     // Fewer experts than ranks at 4.
     check_rows(group, Case::new(3, 2));
-    // Group-limited to the best of 5 groups, a skewed router sends every
-    // token to the last group: the other ranks receive nothing.
-    check_rows(
-        group,
-        Case {
-            gating: Gating::SigmoidGroups {
-                groups: 5,
-                topk_group: 1,
-                normalize: true,
-            },
-            skewed: true,
-            ..Case::new(10, 2)
-        },
-    );
+    check_rows(group, skewed_groups());
     check_rows(
         group,
         Case {
@@ -411,17 +413,7 @@ fn all_cases(group: &Group) {
                 shared: true,
                 ..Case::new(10, 3)
             },
-            // Skewed group-limited routing: every token to the last of 5
-            // groups, so the other ranks' experts get no token.
-            Case {
-                gating: Gating::SigmoidGroups {
-                    groups: 5,
-                    topk_group: 1,
-                    normalize: true,
-                },
-                skewed: true,
-                ..Case::new(10, 2)
-            },
+            skewed_groups(),
         ];
         for case in cases {
             check_replicated(group, case, placement, 7);

@@ -6,8 +6,6 @@
 //! order with a new sequence's block among them, then a slot cut back and
 //! continued.
 
-use std::path::{Path, PathBuf};
-
 use safemlx::Stream;
 use safemlx_dist::checkpoint::HfDirectory;
 use safemlx_dist::launch::Ranks;
@@ -16,7 +14,7 @@ use safemlx_dist::nn::{gather_logits, KvCache, SlotCache};
 use safemlx_dist::Group;
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error};
-use safemlx_dist_tests::models::golden;
+use safemlx_dist_tests::models::{golden, golden_dir as dir};
 
 const CASES: [&str; 5] = [
     "llama/llama-tied-kv3",
@@ -25,12 +23,6 @@ const CASES: [&str; 5] = [
     "moe/mixtral",
     "moe/glm4-moe",
 ];
-
-fn dir(case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("golden")
-        .join(case)
-}
 
 /// The last row of logits of `tokens` run alone on `cache`.
 fn alone(model: &Llama, tokens: &[u32], cache: &mut KvCache, s: &Stream) -> Vec<f32> {

@@ -34,6 +34,22 @@ use crate::grad::Parameters;
 use crate::runtime::slice_axis;
 use crate::typed::{chunk, shard_map, LinearWeight, Replicated, Sharded, ShardedArray};
 
+/// Checks that the tokens `x` an attention layer got are the batch's
+/// `[rows, dim]`.
+///
+/// # Errors
+/// Another shape, named beside the expected one.
+pub(super) fn check_tokens(x: &ShardedArray<Replicated>, rows: usize, dim: usize) -> Result<()> {
+    let (rows, d) = (rows as i32, dim as i32);
+    if x.global_shape() != [rows, d] {
+        return Err(Error::Shape(format!(
+            "attention takes the batch's tokens [{rows}, {d}], got {:?}",
+            x.global_shape()
+        )));
+    }
+    Ok(())
+}
+
 /// Rotary position embedding, as MLX's fused `fast::rope` applies it.
 #[derive(Debug, Clone)]
 pub struct Rope {
@@ -382,13 +398,7 @@ impl GqaAttention {
         s: &Stream,
         heads: impl FnOnce([Array; 3], Vec<Array>) -> Result<Array>,
     ) -> Result<ShardedArray<Replicated>> {
-        let d = self.config.dim as i32;
-        if x.global_shape() != [rows as i32, d] {
-            return Err(Error::Shape(format!(
-                "attention takes the batch's tokens [{rows}, {d}], got {:?}",
-                x.global_shape()
-            )));
-        }
+        check_tokens(x, rows, self.config.dim)?;
         let project = |w: &LinearWeight<Sharded<0>>, bias: &Option<ShardedArray<Sharded<0>>>| {
             let y = x.linear(w, s)?;
             match bias {

@@ -27,7 +27,7 @@
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
-use super::gqa::Rope;
+use super::gqa::{check_tokens, Rope};
 use super::head_split::HeadSplit;
 use super::kv_cache::LayerKv;
 use super::load_linear::{load_columns, load_replicated, load_rows};
@@ -229,13 +229,7 @@ impl MlaAttention {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         let rows: usize = batch.iter().map(|(len, _)| len).sum();
-        let d = self.config.dim as i32;
-        if x.global_shape() != [rows as i32, d] {
-            return Err(Error::Shape(format!(
-                "attention takes the batch's tokens [{rows}, {d}], got {:?}",
-                x.global_shape()
-            )));
-        }
+        check_tokens(x, rows, self.config.dim)?;
         let q = match (&self.q_a, &self.q_a_norm) {
             (Some(a), Some(norm)) => norm.forward(&x.linear(a, s)?, s)?.linear(&self.q, s)?,
             _ => x.linear(&self.q, s)?,

@@ -12,6 +12,7 @@
 //! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
 //! `"impl"`), then a table and the targets' ratios.
 
+use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
@@ -226,9 +227,11 @@ fn ceiling(release: &Path, args: &[&str], out: &Path) -> Result<(), String> {
         "decode_tokens_per_s": sum("decode_tokens_per_s"),
     });
     println!("{row}");
-    let mut text = std::fs::read_to_string(out).map_err(|e| e.to_string())?;
-    text.push_str(&format!("{row}\n"));
-    std::fs::write(out, text).map_err(|e| e.to_string())
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(out)
+        .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
+    writeln!(file, "{row}").map_err(|e| e.to_string())
 }
 
 fn layer<'a>(
