@@ -77,12 +77,17 @@ CASES = {
                          num_hidden_layers=3, sliding_window=3,
                          layer_types=["sliding_attention", "full_attention",
                                       "sliding_attention"]),
+    # Llama's attention_bias: biases on q, k, v and o.
+    "llama-bias": dict(model_type="llama", num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=False,
+                       attention_bias=True),
 }
 
 # Each case's weights seed (fixed, so adding a case leaves the others'
 # weights as they were).
 SEEDS = {"llama-tied-kv3": 0, "llama3-kv1-sharded": 1, "mistral-kv2": 2,
-         "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5, "llama-window": 6}
+         "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5, "llama-window": 6,
+         "llama-bias": 7}
 
 
 def weights(config, rng):
@@ -105,10 +110,12 @@ def weights(config, rng):
         t[p + "self_attn.k_proj.weight"] = w(kv * hd, d)
         t[p + "self_attn.v_proj.weight"] = w(kv * hd, d)
         t[p + "self_attn.o_proj.weight"] = w(d, heads * hd)
-        if config["model_type"] == "qwen2":
+        if config["model_type"] == "qwen2" or config.get("attention_bias"):
             t[p + "self_attn.q_proj.bias"] = w(heads * hd, scale=0.1)
             t[p + "self_attn.k_proj.bias"] = w(kv * hd, scale=0.1)
             t[p + "self_attn.v_proj.bias"] = w(kv * hd, scale=0.1)
+        if config.get("attention_bias"):
+            t[p + "self_attn.o_proj.bias"] = w(d, scale=0.1)
         if config["model_type"] == "qwen3":
             t[p + "self_attn.q_norm.weight"] = 1.0 + w(hd, scale=0.1)
             t[p + "self_attn.k_norm.weight"] = 1.0 + w(hd, scale=0.1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny random mixture-of-experts models and their logits from mlx-lm.
 
-Writes, for each case below, a Hugging Face model directory under
+Writes, for each case below (and a float copy of gpt-oss), a Hugging Face model directory under
 tests/golden/moe/CASE/: config.json, model.safetensors with Hugging Face
 tensor names (per-expert tensors, as the models ship), a small byte-level
 BPE tokenizer.json trained here (so `generate --model DIR` runs on them),
@@ -121,12 +121,38 @@ CASES = {
                              norm_topk_prob=False, scoring_func="sigmoid",
                              topk_method="noaux_tc", attention_bias=False,
                              rope_theta=10000.0, rope_scaling=None),
+    # gpt-oss as OpenAI ships it: experts in MXFP4 (`*_blocks`, `*_scales`)
+    # with biases, gate and up interleaved in `gate_up_proj`, the clamped
+    # SwiGLU; a router with a bias, top-3 of 6 (uneven over 4 ranks);
+    # attention sinks, q/k/v/o biases, sliding windows of 4 around a
+    # full-attention layer (the prompt is longer), YaRN.
+    "gpt-oss": dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=32, num_local_experts=6,
+                    num_experts_per_tok=3, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention",
+                                 "sliding_attention"],
+                    attention_bias=True, swiglu_limit=7.0, rope_theta=150000.0,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 64,
+                                  "beta_fast": 32.0, "beta_slow": 1.0},
+                    quantization_config={
+                        "quant_method": "mxfp4",
+                        "modules_to_not_convert": [
+                            "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                            "model.embed_tokens", "lm_head"]}),
 }
+
+# The same gpt-oss in float32 as Transformers holds it dequantized
+# (`gate_up_proj` [E, D, 2H], `down_proj` [E, H, D]): mlx-lm does not read
+# that layout, so its goldens are the MXFP4 model's (the dequantized values
+# are exact in float32).
+FLOAT_COPIES = {"gpt-oss-float": "gpt-oss"}
 
 # Each case's weights seed (fixed, so adding a case leaves the others'
 # weights as they were).
 SEEDS = {"mixtral": 100, "qwen2-moe": 101, "qwen3-moe": 102, "glm4-moe": 103,
-         "deepseek-v3": 104, "deepseek-v3-lite": 105}
+         "deepseek-v3": 104, "deepseek-v3-lite": 105, "gpt-oss": 106}
 
 
 def latent_attention(config, p, w):
@@ -149,6 +175,51 @@ def latent_attention(config, p, w):
     return t
 
 
+def mxfp4(w):
+    """A float [..., rows, columns] as OpenAI's MXFP4 tensors: `blocks`
+    uint8 [..., rows, columns / 32, 16] (two 4-bit values a byte, the
+    first in the low bits) and `scales` uint8 [..., rows, columns / 32]
+    (powers of two, biased by 127), quantized by MLX; and the values they
+    hold, dequantized by MLX."""
+    packed, scales = mx.quantize(mx.array(w), group_size=32, bits=4, mode="mxfp4")
+    values = mx.dequantize(packed, scales, group_size=32, bits=4,
+                           mode="mxfp4").astype(mx.float32)
+    shape = w.shape[:-1] + (w.shape[-1] // 32, 16)
+    blocks = np.array(packed).view(np.uint8).reshape(shape)
+    return blocks, np.array(scales), np.array(values)
+
+
+def gpt_oss_layer(config, p, w):
+    """gpt-oss's attention and experts of one layer under prefix p; with
+    the experts' dequantized values in Transformers' float layout."""
+    d, heads = config["hidden_size"], config["num_attention_heads"]
+    kv, hd = config["num_key_value_heads"], config["head_dim"]
+    e, h = config["num_local_experts"], config["intermediate_size"]
+    t, floats = {}, {}
+    a = p + "self_attn."
+    for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        t[a + name + ".weight"] = w(rows, d)
+        t[a + name + ".bias"] = w(rows, scale=0.1)
+    t[a + "o_proj.weight"] = w(d, heads * hd)
+    t[a + "o_proj.bias"] = w(d, scale=0.1)
+    t[a + "sinks"] = w(heads, scale=1.0)
+    m = p + "mlp."
+    t[m + "router.weight"] = w(e, d, scale=0.5)
+    t[m + "router.bias"] = w(e, scale=0.5)
+    # Gates large enough that the SwiGLU's clamp at 7 bites.
+    blocks, scales, gate_up = mxfp4(w(e, 2 * h, d, scale=1.0))
+    t[m + "experts.gate_up_proj_blocks"] = blocks
+    t[m + "experts.gate_up_proj_scales"] = scales
+    t[m + "experts.gate_up_proj_bias"] = w(e, 2 * h, scale=0.5)
+    blocks, scales, down = mxfp4(w(e, d, h, scale=0.05))
+    t[m + "experts.down_proj_blocks"] = blocks
+    t[m + "experts.down_proj_scales"] = scales
+    t[m + "experts.down_proj_bias"] = w(e, d, scale=0.1)
+    floats[m + "experts.gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
+    floats[m + "experts.down_proj"] = np.ascontiguousarray(down.transpose(0, 2, 1))
+    return t, floats
+
+
 def dense_layer(config, i):
     """Whether layer i keeps a dense MLP."""
     return (i in config.get("mlp_only_layers", [])
@@ -168,10 +239,16 @@ def weights(config, rng):
     t = {"model.embed_tokens.weight": w(v, d, scale=0.15),
          "model.norm.weight": (1.0 + w(d, scale=0.1)),
          "lm_head.weight": w(v, d, scale=0.2)}
+    floats = {}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = 1.0 + w(d, scale=0.1)
         t[p + "post_attention_layernorm.weight"] = 1.0 + w(d, scale=0.1)
+        if family == "gpt_oss":
+            layer, layer_floats = gpt_oss_layer(config, p, w)
+            t.update(layer)
+            floats.update(layer_floats)
+            continue
         if family == "deepseek_v3":
             t.update(latent_attention(config, p + "self_attn.", w))
         else:
@@ -225,7 +302,7 @@ def weights(config, rng):
         # A multi-token-prediction layer's tensor, as GLM-4.5 ships one.
         mtp = f"model.layers.{config['num_hidden_layers']}."
         t[mtp + "eh_proj.weight"] = w(d, 2 * d)
-    return t
+    return t, floats
 
 
 def mtp_tensors(config):
@@ -259,7 +336,7 @@ def main():
         path = OUT / case
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        tensors = weights(config, np.random.default_rng(SEEDS[case]))
+        tensors, floats = weights(config, np.random.default_rng(SEEDS[case]))
         # mlx-lm drops GLM's multi-token-prediction layer, not a tiny
         # DeepSeek's (it drops only layer 61): add it after the goldens.
         deepseek = config["model_type"] == "deepseek_v3"
@@ -278,6 +355,23 @@ def main():
                       metadata={"format": "pt"})
         print(f"{case}: {len(prompt)} tokens, logits {golden['logits'].shape}, "
               f"argmax {golden['logits'].argmax(-1).tolist()}")
+        for copy in (c for c, of in FLOAT_COPIES.items() if of == case):
+            write_float_copy(path, OUT / copy, tensors, floats)
+            print(f"{copy}: {case} in float32, the same goldens")
+
+
+def write_float_copy(source, path, tensors, floats):
+    """The model at `source` with its quantized experts replaced by their
+    float values (`floats`), its goldens and tokenizer copied."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    del config["quantization_config"]
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    kept = {k: v for k, v in tensors.items()
+            if not k.endswith(("_blocks", "_scales"))}
+    save_file({**kept, **floats}, path / "model.safetensors", metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "golden.safetensors"):
+        (path / name).write_bytes((source / name).read_bytes())
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ use safemlx_dist_tests::models::{golden, golden_dir as dir};
 
 /// Golden models: Llama with 3 KV heads, Qwen3's q/k norms, Phi-3's fused
 /// tensors, Mixtral's experts, GLM-4-MoE's partial rotation, YaRN's
-/// scaled rotation, DeepSeek-V3's latent attention (its latent cache).
-const CASES: [&str; 7] = [
+/// scaled rotation, DeepSeek-V3's latent attention (its latent cache),
+/// gpt-oss's sinks and sliding windows (a sequence past its window).
+const CASES: [&str; 8] = [
     "llama/llama-tied-kv3",
     "llama/qwen3-qknorm",
     "llama/qwen3-yarn",
@@ -28,6 +29,7 @@ const CASES: [&str; 7] = [
     "moe/mixtral",
     "moe/glm4-moe",
     "moe/deepseek-v3",
+    "moe/gpt-oss",
 ];
 
 /// Full logits rows of `tokens` run alone on `cache`.

@@ -16,7 +16,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
 
 /// Every case of the golden scripts: (directory, what it covers).
-const CASES: [(&str, &str); 8] = [
+const CASES: [(&str, &str); 9] = [
     ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
     (
         "llama3-kv1-sharded",
@@ -24,6 +24,7 @@ const CASES: [(&str, &str); 8] = [
     ),
     ("mistral-kv2", "Mistral"),
     ("qwen2-bias", "q/k/v biases"),
+    ("llama-bias", "Llama's attention_bias: q/k/v and o biases"),
     ("qwen3-qknorm", "q/k norms, head_dim 16"),
     ("qwen3-yarn", "YaRN RoPE scaling"),
     (

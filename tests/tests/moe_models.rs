@@ -1,6 +1,8 @@
 //! Mixture-of-experts models from Hugging Face directories (Mixtral,
 //! Qwen3-MoE with a dense first layer, Qwen2-MoE with a gated shared
-//! expert, GLM-4-MoE with grouped sigmoid routing and partial RoPE) at 1, 2, 3 and 4 ranks, experts split across ranks and experts
+//! expert, GLM-4-MoE with grouped sigmoid routing and partial RoPE,
+//! DeepSeek-V3 with latent attention, gpt-oss with sinks, biases and MXFP4
+//! experts) at 1, 2, 3 and 4 ranks, experts split across ranks and experts
 //! sliced: the prompt's logits equal mlx-lm's for the same weights (goldens
 //! made by `tests/golden/make_moe_goldens.py`), decoding with the KV cache
 //! equals the whole-sequence logits, every rank reads only its part; and
@@ -18,7 +20,7 @@ use safemlx_dist_tests::models::{check_logits, golden};
 use safemlx_dist_tests::{built, cpu};
 
 /// Every case of the golden script: (directory, what it covers).
-const CASES: [(&str, &str); 6] = [
+const CASES: [(&str, &str); 8] = [
     ("mixtral", "6 experts, top-2, top-k then softmax"),
     (
         "qwen3-moe",
@@ -39,6 +41,14 @@ const CASES: [(&str, &str); 6] = [
     (
         "deepseek-v3-lite",
         "latent attention with q_proj, MoE every second layer, 6 experts top-2",
+    ),
+    (
+        "gpt-oss",
+        "MXFP4 experts with biases and the clamped SwiGLU, a biased router, attention sinks, q/k/v/o biases, windows of 4 around a full layer",
+    ),
+    (
+        "gpt-oss-float",
+        "gpt-oss's experts dequantized in Transformers' float layout",
     ),
 ];
 
@@ -224,9 +234,9 @@ fn stacked_experts_of_transformers_5_give_the_same_logits() {
 }
 
 #[test]
-fn generate_runs_mixtral_qwen3_moe_glm4_moe_and_deepseek_v3_with_check() {
+fn generate_runs_mixtral_qwen3_moe_glm4_moe_deepseek_v3_and_gpt_oss_with_check() {
     let (launcher, generate) = (built("safemlx-launch"), built("examples/generate"));
-    for case in ["mixtral", "qwen3-moe", "glm4-moe", "deepseek-v3"] {
+    for case in ["mixtral", "qwen3-moe", "glm4-moe", "deepseek-v3", "gpt-oss"] {
         for (ranks, experts) in [
             (1, "parallel"),
             (2, "parallel"),
@@ -273,6 +283,12 @@ fn generate_runs_mixtral_qwen3_moe_glm4_moe_and_deepseek_v3_with_check() {
                 // One line per load (--check loads a reference too), rank 0's.
                 assert!(!all.contains("[rank 1] warning"), "{case}: {all}");
                 assert!(all.contains("skipping the multi-token-prediction layer 3 (2 tensors, e.g. `model.layers.3.eh_proj.weight`): generation does not use them"), "{all}");
+            }
+            if case == "gpt-oss" {
+                let note =
+                    "gpt-oss: dequantizing 6 MXFP4 expert tensors to float32 as they are read";
+                assert!(all.contains(note), "{case}: no `{note}`:\n{all}");
+                assert!(!all.contains("[rank 1] model"), "{case}: {all}");
             }
         }
     }
@@ -321,6 +337,14 @@ fn configurations_that_disagree_with_the_experts_name_the_tensor_or_key() {
             j.as_object_mut().unwrap().remove("num_experts");
         }),
         "model DIR: config.json has no \"num_experts\""
+    );
+    assert_eq!(
+        error_with_config("gpt-oss", "hidden", |j| j["intermediate_size"] = 64.into()),
+        "model DIR: tensor `model.layers.0.mlp.experts.gate_up_proj_blocks` has shape [6, 64, 2, 16] but the configuration gives [6, 128, 2, 16]"
+    );
+    assert_eq!(
+        error_with_config("gpt-oss", "limit", |j| j["swiglu_limit"] = (-1.0).into()),
+        "model DIR: \"swiglu_limit\" is -1; it must be a finite number above 0"
     );
     assert_eq!(
         error_with_config("glm4-moe", "groups", |j| j["n_group"] = 3.into()),

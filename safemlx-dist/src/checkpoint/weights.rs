@@ -258,6 +258,43 @@ impl<'a, C: Collective> Weights<'a, C> {
         self.source.read_rows(&self.name(name), ranges, s)
     }
 
+    /// Ranges `ranges` along `axis` of tensor `name` of shape `shape`,
+    /// concatenated: floats, or with `bytes`, a `uint8` tensor read as
+    /// stored (packed values such as MXFP4's blocks and scales).
+    ///
+    /// # Errors
+    /// Another shape or dtype (named), ranges past the end, or a failed
+    /// read.
+    pub fn along(
+        &self,
+        (name, bytes): (&str, bool),
+        shape: &[usize],
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<Array> {
+        self.check(name, shape)?;
+        let full = self.name(name);
+        if !bytes {
+            self.float(name)?;
+            return self.source.read_along(&full, axis, ranges, s);
+        }
+        let dtype = self.source.stored_dtype(&full);
+        if dtype != Some(safemlx::Dtype::Uint8) {
+            return Err(Error::Model {
+                path: self.source.path().display().to_string(),
+                message: format!(
+                    "tensor {} is stored as {}; packed values are U8",
+                    self.named(&full),
+                    dtype
+                        .and_then(super::format::dtype_name)
+                        .unwrap_or("another type")
+                ),
+            });
+        }
+        self.source.read_along(&full, axis, ranges, s)
+    }
+
     /// Columns `ranges` of the 2-D tensor `name` of shape `shape`.
     ///
     /// # Errors

@@ -3,7 +3,7 @@
 //! (`config_hf.rs`) or a GGUF file's metadata (`config_gguf.rs`), and its
 //! values are checked there (`config_check.rs`).
 
-use crate::nn::{ExpertNames, ExpertPlacement, Gating};
+use crate::nn::{ExpertActivation, ExpertNames, ExpertPlacement, Gating, InterleavedNames};
 
 /// Which member of the Llama family a model is; they differ only in a few
 /// switches (see [`LlamaConfig`]).
@@ -36,11 +36,15 @@ pub enum Family {
     /// [`MlaSettings`]), dense first layers, then GLM's grouped sigmoid
     /// routing beside shared experts (see `models/deepseek_v3.rs`).
     DeepseekV3,
+    /// gpt-oss: attention sinks, q/k/v/o biases, sliding and full layers,
+    /// experts with biases behind a biased router, a clamped SwiGLU,
+    /// MXFP4 expert weights (see `models/gpt_oss.rs`).
+    GptOss,
 }
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 10] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 11] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
@@ -51,6 +55,7 @@ impl Family {
         ("phi3", Family::Phi3),
         ("glm4_moe", Family::Glm4Moe),
         ("deepseek_v3", Family::DeepseekV3),
+        ("gpt_oss", Family::GptOss),
     ];
 }
 
@@ -84,8 +89,10 @@ pub struct MoeSettings {
     /// The tensors' prefix in a layer (`block_sparse_moe.` or `mlp.`) and
     /// their names.
     pub block: &'static str,
-    /// The per-expert tensor names.
-    pub names: ExpertNames,
+    /// How the checkpoint stores the experts, and their names.
+    pub layout: ExpertLayout,
+    /// The experts' activation.
+    pub activation: ExpertActivation,
     /// Where the experts go when loaded (not in the checkpoint: a choice
     /// of the run; expert parallel by default).
     pub placement: ExpertPlacement,
@@ -99,6 +106,16 @@ impl MoeSettings {
             && !self.mlp_only_layers.contains(&i)
             && (i + 1) % self.sparse_step == 0
     }
+}
+
+/// How a family's checkpoints store the experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// One tensor per expert and projection (or Transformers 5's stacked
+    /// gate-then-up tensors), with optional shared experts.
+    PerExpert(ExpertNames),
+    /// gpt-oss's stacked experts, gate and up interleaved, with biases.
+    Interleaved(InterleavedNames),
 }
 
 /// DeepSeek's multi-head latent attention: queries through a low-rank
@@ -176,6 +193,10 @@ pub enum RopeScaling {
         mscale: f32,
         /// The denominator's `mscale_all_dim` (0).
         mscale_all_dim: f32,
+        /// Round the ramp's ends to whole pairs (`truncate`, true; gpt-oss
+        /// ships false, which Transformers and OpenAI's reference follow
+        /// and mlx-lm 0.32 ignores).
+        truncate: bool,
     },
 }
 
@@ -211,6 +232,11 @@ pub struct LlamaConfig {
     pub tie_word_embeddings: bool,
     /// Biases on q, k and v (Qwen2 always; Llama's `attention_bias`).
     pub qkv_bias: bool,
+    /// A bias on the attention output (Llama's and gpt-oss's
+    /// `attention_bias`; not Qwen2's or GLM's).
+    pub o_bias: bool,
+    /// A learned softmax sink per query head (gpt-oss).
+    pub attention_sinks: bool,
     /// Per-head q/k RMSNorm (Qwen3).
     pub qk_norm: bool,
     /// The longest context (informational; not enforced).
@@ -277,121 +303,6 @@ impl LlamaConfig {
         self.sliding_window
             .filter(|_| !self.full_attention_layers.contains(&i))
     }
-
-    /// The softmax scale of attention: `1 / sqrt(head_dim)`, and with
-    /// YaRN on a latent-attention model also `m(mscale_all_dim)^2` (mlx-lm's
-    /// `apply_yarn_mscale`; see [`rope_mscale`](Self::rope_mscale)).
-    pub fn attention_scale(&self) -> f32 {
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        match self.rope_scaling {
-            RopeScaling::Yarn {
-                factor,
-                mscale_all_dim,
-                ..
-            } if self.mla.is_some() && factor > 1.0 && mscale_all_dim != 0.0 => {
-                let m = 0.1 * mscale_all_dim * factor.ln() + 1.0;
-                scale * m * m
-            }
-            _ => scale,
-        }
-    }
-
-    /// The factor YaRN puts on the rotated part of q and k:
-    /// `m(mscale) / m(mscale_all_dim)` with `m(x) = 0.1 x ln(factor) + 1`
-    /// (1 when `factor <= 1`); 1 for the other scalings.
-    pub fn rope_mscale(&self) -> f32 {
-        let RopeScaling::Yarn {
-            factor,
-            mscale,
-            mscale_all_dim,
-            ..
-        } = self.rope_scaling
-        else {
-            return 1.0;
-        };
-        let m = |x: f32| match factor <= 1.0 {
-            true => 1.0,
-            false => 0.1 * x * factor.ln() + 1.0,
-        };
-        m(mscale) / m(mscale_all_dim)
-    }
-
-    /// RoPE frequencies for Llama 3 and YaRN scaling (`None` for the
-    /// others): the wavelength divisor of each rotated pair, as
-    /// `fast::rope` takes them.
-    pub fn rope_freqs(&self) -> Option<Vec<f32>> {
-        let dims = self.rotary_dim as f32;
-        let base = |i: usize| self.rope_theta.powf(2.0 * i as f32 / dims);
-        if let RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings: original,
-            beta_fast,
-            beta_slow,
-            ..
-        } = self.rope_scaling
-        {
-            // The pair that turns `rotations` times over the original
-            // context (in f64, as mlx-lm rounds it).
-            let pair = |rotations: f32| {
-                let turn = f64::from(rotations) * 2.0 * std::f64::consts::PI;
-                f64::from(dims) * (f64::from(original) / turn).ln()
-                    / (2.0 * f64::from(self.rope_theta).ln())
-            };
-            let low = pair(beta_fast).floor().max(0.0) as f32;
-            let mut high = pair(beta_slow).ceil().min(f64::from(dims) - 1.0) as f32;
-            if low == high {
-                high += 0.001;
-            }
-            return Some(
-                (0..self.rotary_dim / 2)
-                    .map(|i| {
-                        let extrapolated = base(i);
-                        let interpolated = factor * extrapolated;
-                        let keep = 1.0 - ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
-                        interpolated * extrapolated
-                            / (interpolated * keep + extrapolated * (1.0 - keep))
-                    })
-                    .collect(),
-            );
-        }
-        if let RopeScaling::Factors(factors) = &self.rope_scaling {
-            return Some(
-                factors
-                    .iter()
-                    .enumerate()
-                    .map(|(i, f)| base(i) * f)
-                    .collect(),
-            );
-        }
-        let RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings: original,
-        } = self.rope_scaling
-        else {
-            return None;
-        };
-        let low_wavelen = original / low_freq_factor;
-        let high_wavelen = original / high_freq_factor;
-        Some(
-            (0..self.rotary_dim / 2)
-                .map(|i| {
-                    let freq = base(i);
-                    let wavelen = 2.0 * std::f32::consts::PI * freq;
-                    if wavelen > low_wavelen {
-                        freq * factor
-                    } else if wavelen < high_wavelen {
-                        freq
-                    } else {
-                        let smooth = (original / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        freq / ((1.0 - smooth) / factor + smooth)
-                    }
-                })
-                .collect(),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -430,7 +341,7 @@ mod tests {
         j["model_type"] = "gpt2".into();
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe, deepseek_v3"
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe, deepseek_v3, gpt_oss"
         );
         let mut j = smollm2();
         j["num_key_value_heads"] = 2.into();
@@ -457,19 +368,5 @@ mod tests {
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
             "model m: rope_scaling (beta_fast) is 0: a RoPE scaling factor must be a finite number above 0"
         );
-    }
-
-    #[test]
-    fn llama3_frequencies_scale_only_long_wavelengths() {
-        let mut j = smollm2();
-        j["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192});
-        let c = LlamaConfig::from_hf(&j, "m").unwrap();
-        let freqs = c.rope_freqs().unwrap();
-        assert_eq!(freqs.len(), 32);
-        assert_eq!(freqs[0], 1.0); // the shortest wavelength is kept
-        let last = 100000f32.powf(62.0 / 64.0);
-        assert!((freqs[31] / last - 8.0).abs() < 1e-4); // the longest is scaled by 8
     }
 }

@@ -64,6 +64,7 @@ impl LlamaConfig {
                 beta_slow,
                 mscale,
                 mscale_all_dim,
+                ..
             } => {
                 if let Some((what, v)) = [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)]
                     .into_iter()

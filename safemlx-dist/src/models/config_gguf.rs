@@ -163,6 +163,8 @@ impl LlamaConfig {
             rope_scaling,
             tie_word_embeddings: !file.tensors().contains_key("output.weight"),
             qkv_bias: family == Family::Qwen2 || bias,
+            o_bias: false,
+            attention_sinks: false,
             qk_norm: family == Family::Qwen3,
             max_position_embeddings: int(&key("context_length"))?.unwrap_or(0),
             sliding_window: None,

@@ -2,10 +2,10 @@
 
 use serde_json::Value;
 
-use super::config::{Family, LlamaConfig, MoeSettings, RopeScaling};
+use super::config::{ExpertLayout, Family, LlamaConfig, MoeSettings, RopeScaling};
 use super::config_keys::Keys;
 use crate::error::Result;
-use crate::nn::{ExpertPlacement, Gating};
+use crate::nn::{ExpertActivation, ExpertPlacement, Gating};
 
 impl LlamaConfig {
     /// Reads a Hugging Face `config.json` (`path` is for messages).
@@ -103,7 +103,10 @@ impl LlamaConfig {
         };
         let bos_token_id = int("bos_token_id")?.and_then(|v| u32::try_from(v).ok());
         let layers = need("num_hidden_layers")?;
-        let sliding = layer_types(json, layers, &fail)?;
+        let sliding = match (layer_types(json, layers, &fail)?, family) {
+            (None, Family::GptOss) => Some(super::gpt_oss::default_layer_types(layers)),
+            (kinds, _) => kinds,
+        };
         let sliding_window = match (family, &sliding) {
             (Family::Mistral | Family::Mixtral, _) => int("sliding_window")?,
             (_, Some(kinds)) if kinds.iter().any(|&s| s) => Some(need("sliding_window")?),
@@ -125,7 +128,8 @@ impl LlamaConfig {
                 sparse_step: 1,
                 mlp_only_layers: Vec::new(),
                 block: "block_sparse_moe.",
-                names: super::llama::MIXTRAL_EXPERTS,
+                layout: ExpertLayout::PerExpert(super::llama::MIXTRAL_EXPERTS),
+                activation: ExpertActivation::Swiglu,
                 placement: ExpertPlacement::ExpertParallel,
             }),
             Family::Qwen2Moe | Family::Qwen3Moe => {
@@ -165,12 +169,14 @@ impl LlamaConfig {
                     sparse_step: int("decoder_sparse_step")?.unwrap_or(1).max(1),
                     mlp_only_layers,
                     block: "mlp.",
-                    names: super::llama::QWEN_EXPERTS,
+                    layout: ExpertLayout::PerExpert(super::llama::QWEN_EXPERTS),
+                    activation: ExpertActivation::Swiglu,
                     placement: ExpertPlacement::ExpertParallel,
                 })
             }
             Family::Glm4Moe => Some(super::glm4_moe::moe_settings(&keys, "GLM-4-MoE")?),
             Family::DeepseekV3 => super::deepseek_v3::moe_settings(&keys)?,
+            Family::GptOss => Some(super::gpt_oss::moe_settings(&keys)?),
             _ => None,
         };
         if let Some(m) = &moe {
@@ -200,6 +206,10 @@ impl LlamaConfig {
             tie_word_embeddings: flag("tie_word_embeddings")?.unwrap_or(false),
             qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe)
                 || flag("attention_bias")?.unwrap_or(false),
+            // mlx-lm's and Transformers' Llama put attention_bias on o too.
+            o_bias: matches!(family, Family::Llama | Family::Mistral | Family::GptOss)
+                && flag("attention_bias")?.unwrap_or(false),
+            attention_sinks: family == Family::GptOss,
             qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe)
                 || (family == Family::Glm4Moe && flag("use_qk_norm")?.unwrap_or(false)),
             max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
@@ -288,6 +298,15 @@ fn rope_scaling(r: &Value, keys: &Keys) -> Result<RopeScaling> {
             beta_slow: float("beta_slow", r)?.unwrap_or(1.0),
             mscale: float("mscale", r)?.unwrap_or(1.0),
             mscale_all_dim: float("mscale_all_dim", r)?.unwrap_or(0.0),
+            truncate: match r.get("truncate") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(fail(format!(
+                        "rope scaling \"truncate\" is {v}, not true or false"
+                    )))
+                }
+            },
         }),
         other => Err(fail(format!(
             "rope scaling \"{other}\" is not supported; supported: default, linear, llama3, yarn"

@@ -22,11 +22,11 @@
 //! multi-token-prediction layer a checkpoint may hold after the last
 //! layer (`model.layers.{num_hidden_layers}`) is not read.
 
-use super::config::MoeSettings;
+use super::config::{ExpertLayout, MoeSettings};
 use super::config_keys::Keys;
 use super::llama::{MLP, QWEN_EXPERTS};
 use crate::error::Result;
-use crate::nn::{ExpertNames, ExpertPlacement, Gating};
+use crate::nn::{ExpertActivation, ExpertNames, ExpertPlacement, Gating};
 
 /// A layer's MoE tensors under `mlp`: Qwen's expert names, the router's
 /// `gate.e_score_correction_bias`, and `shared_experts.{gate,up,down}_proj`
@@ -102,7 +102,8 @@ pub(super) fn moe_settings(keys: &Keys, family: &str) -> Result<MoeSettings> {
         sparse_step: 1,
         mlp_only_layers: Vec::new(),
         block: "mlp.",
-        names: EXPERTS,
+        layout: ExpertLayout::PerExpert(EXPERTS),
+        activation: ExpertActivation::Swiglu,
         placement: ExpertPlacement::ExpertParallel,
     })
 }

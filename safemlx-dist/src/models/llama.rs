@@ -1,5 +1,6 @@
 //! The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) and its
-//! mixture-of-experts members (Mixtral, Qwen2-MoE, Qwen3-MoE), tensor
+//! mixture-of-experts members (Mixtral, Qwen2-MoE, Qwen3-MoE; GLM-4-MoE,
+//! DeepSeek-V3 and gpt-oss with their family files' settings), tensor
 //! parallel over a group.
 //!
 //! ```text
@@ -24,7 +25,7 @@ mod batch;
 
 use safemlx::{Array, Stream};
 
-use super::config::{Family, LlamaConfig};
+use super::config::{ExpertLayout, Family, LlamaConfig};
 use super::{deepseek_v3, phi3};
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
@@ -51,7 +52,7 @@ struct DecoderLayer {
 #[derive(Debug, Parameters)]
 enum FeedForward {
     Dense(Box<Mlp>),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 impl FeedForward {
@@ -104,7 +105,7 @@ impl Llama {
         let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
         let layers = config.layers;
         let model = Self::load(&Weights::new(dir, group), config, s)?;
-        warn_unread_layers(group, dir, layers);
+        load_notes(group, dir, layers);
         Ok(model)
     }
 
@@ -158,6 +159,8 @@ impl Llama {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             qkv_bias: c.qkv_bias,
+            o_bias: c.o_bias,
+            sinks: c.attention_sinks,
             qk_norm: c.qk_norm,
             norm_eps: c.rms_norm_eps,
             rope: rope(c),
@@ -187,7 +190,7 @@ impl Llama {
             .map(|i| {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
-                    Some(m) if m.is_moe_layer(i) => FeedForward::Moe(moe(&w, c, m, s)?),
+                    Some(m) if m.is_moe_layer(i) => FeedForward::Moe(Box::new(moe(&w, c, m, s)?)),
                     _ => FeedForward::Dense(Box::new(Mlp::load(
                         &w.pp("mlp"),
                         mlp_names,
@@ -338,11 +341,15 @@ impl Llama {
 
 /// On rank 0, one warning on stderr naming the layers after the last one
 /// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
-/// prediction), which the model does not read.
-pub(super) fn warn_unread_layers(group: &Group, dir: &HfDirectory, layers: usize) {
+/// prediction), which the model does not read; and one line when its
+/// MXFP4 experts (gpt-oss) are dequantized.
+pub(super) fn load_notes(group: &Group, dir: &HfDirectory, layers: usize) {
     if group.rank() == 0 {
         if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), layers) {
             eprintln!("warning: model {}: {warning}", dir.path().display());
+        }
+        if let Some(note) = super::gpt_oss::mxfp4_note(dir.names()) {
+            eprintln!("model {}: {note}", dir.path().display());
         }
     }
 }
@@ -353,6 +360,7 @@ pub const ATTENTION: AttentionNames = AttentionNames {
     o: "o_proj",
     q_norm: "q_norm",
     k_norm: "k_norm",
+    sinks: "sinks",
 };
 
 /// The Llama family's MLP tensors under `mlp` (and Qwen2-MoE's shared
@@ -394,8 +402,12 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
         "mlp."
     };
     let w = w.pp(block);
+    let gate = match &m.layout {
+        ExpertLayout::PerExpert(names) => names.gate,
+        ExpertLayout::Interleaved(_) => "gate_proj",
+    };
     let probe = [
-        format!("experts.0.{}.weight", m.names.gate),
+        format!("experts.0.{gate}.weight"),
         "experts.gate_up_proj".to_owned(),
     ]
     .into_iter()
@@ -412,9 +424,13 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
     let config = MoeConfig::new(m.top_k)
         .with_gating(m.gating)
         .with_routed_scaling(m.routed_scaling)
-        .with_placement(m.placement);
+        .with_placement(m.placement)
+        .with_activation(m.activation);
     let dims = (c.hidden_size, m.hidden, m.experts);
-    Moe::load_hf(&w, &m.names, dims, m.shared_hidden, config, s)
+    match &m.layout {
+        ExpertLayout::Interleaved(names) => Moe::load_interleaved(&w, names, dims, config, s),
+        ExpertLayout::PerExpert(names) => Moe::load_hf(&w, names, dims, m.shared_hidden, config, s),
+    }
 }
 
 /// The rotation the configuration asks for.

@@ -22,8 +22,10 @@ mod config_check;
 mod config_gguf;
 mod config_hf;
 mod config_keys;
+mod config_rope;
 mod deepseek_v3;
 mod glm4_moe;
+mod gpt_oss;
 pub mod llama;
 mod phi3;
 
@@ -31,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 
-pub use config::{Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
+pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
 pub use llama::Llama;
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
@@ -129,7 +131,7 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         }
         let layers = config.layers;
         let model = load(&dir, config)?;
-        llama::warn_unread_layers(group, &dir, layers);
+        llama::load_notes(group, &dir, layers);
         (model, Box::new(dir), tokenizer)
     } else {
         let file = GgufFile::open(path)?;

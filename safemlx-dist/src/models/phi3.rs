@@ -39,6 +39,7 @@ pub(super) const ATTENTION: AttentionNames = AttentionNames {
     o: "o_proj",
     q_norm: "q_norm",
     k_norm: "k_norm",
+    sinks: "sinks",
 };
 
 /// A layer's MLP under `mlp`: gate and up in `gate_up_proj`.

@@ -24,15 +24,16 @@
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
+use super::head_rows::HeadRows;
 use super::head_split::HeadSplit;
 use super::kv_cache::LayerKv;
-use super::load_linear::{load_columns, load_row_block};
+use super::load_linear::load_columns;
 use super::window_cache::window_mask;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::runtime::slice_axis;
-use crate::typed::{chunk, shard_map, LinearWeight, Replicated, Sharded, ShardedArray};
+use crate::typed::{shard_map, LinearWeight, Replicated, Sharded, ShardedArray};
 
 /// Checks that the tokens `x` an attention layer got are the batch's
 /// `[rows, dim]`.
@@ -118,6 +119,12 @@ pub struct GqaConfig {
     pub head_dim: usize,
     /// Biases on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
+    /// A bias on the output projection (gpt-oss; Llama's
+    /// `attention_bias`), added once, after the `all_sum`.
+    pub o_bias: bool,
+    /// A learned logit per query head that joins each query's softmax as
+    /// one more key with no value (gpt-oss's attention sinks).
+    pub sinks: bool,
     /// RMSNorm of each query and key head before the rotation (Qwen3).
     pub qk_norm: bool,
     /// Epsilon of the q/k norms.
@@ -142,6 +149,8 @@ pub struct AttentionNames {
     pub q_norm: &'static str,
     /// The per-head key norm `[hd]`.
     pub k_norm: &'static str,
+    /// The sinks `[H]` (a tensor, not a stem), when the configuration has them.
+    pub sinks: &'static str,
 }
 
 /// How a checkpoint stores q, k and v.
@@ -174,80 +183,10 @@ pub struct GqaAttention {
     v_bias: Option<ShardedArray<Sharded<0>>>,
     q_norm: Option<ShardedArray<Replicated>>,
     k_norm: Option<ShardedArray<Replicated>>,
-}
-
-/// One kind of head (query or KV) as the ranks divide it: this rank's rows
-/// `(first, count)` of the projection, every rank's row count, and, with
-/// more ranks than KV heads, this rank's KV head as a copy
-/// `(slot, slots, holders)`.
-struct HeadRows {
-    mine: (usize, usize),
-    split: Vec<usize>,
-    copy: Option<(usize, usize, usize)>,
-}
-
-impl HeadRows {
-    /// The query rows and the KV rows of this rank of `n`.
-    fn of(config: &GqaConfig, split: &HeadSplit, n: usize) -> Result<[Self; 2]> {
-        let hd = config.head_dim;
-        let rows = |(first, count): (usize, usize)| (first * hd, count * hd);
-        let all: Vec<HeadSplit> = (0..n)
-            .map(|rank| HeadSplit::new(config.heads, config.kv_heads, rank, n))
-            .collect::<Result<_>>()?;
-        let copy = (n > config.kv_heads).then(|| {
-            let slot = split.kv.0;
-            (slot, config.kv_heads, chunk(n, slot, config.kv_heads).1)
-        });
-        Ok([
-            Self {
-                mine: rows(split.query),
-                split: all.iter().map(|h| h.query.1 * hd).collect(),
-                copy: None,
-            },
-            Self {
-                mine: rows(split.kv),
-                split: all.iter().map(|h| h.kv.1 * hd).collect(),
-                copy,
-            },
-        ])
-    }
-
-    /// This rank's rows of the `[out, D]` weight `name` of shape `shape`,
-    /// whose heads start at row `offset` (a fused q/k/v tensor).
-    fn weight(
-        &self,
-        w: &Weights,
-        (name, offset): (&str, usize),
-        shape: [usize; 2],
-        s: &Stream,
-    ) -> Result<LinearWeight<Sharded<0>>> {
-        let (first, count) = self.mine;
-        let weight = load_row_block(w, name, shape, (offset + first, count), &self.split, s)?;
-        match self.copy {
-            Some((slot, slots, holders)) => weight.copy_of(slot, slots, holders),
-            None => Ok(weight),
-        }
-    }
-
-    /// This rank's entries of the bias `name` of `len` values, whose heads
-    /// start at `offset`.
-    fn bias(
-        &self,
-        w: &Weights,
-        (name, offset): (&str, usize),
-        len: usize,
-        s: &Stream,
-    ) -> Result<ShardedArray<Sharded<0>>> {
-        let (first, count) = self.mine;
-        let local = w.rows(name, &[len], &[(offset + first, count)], s)?;
-        let rows = self.split.iter().sum::<usize>();
-        let rows = i32::try_from(rows).map_err(|_| Error::ShapeOverflow { value: rows })?;
-        let bias = ShardedArray::from_local_split(local, w.comm(), &[rows], &self.split)?;
-        match self.copy {
-            Some((slot, slots, holders)) => bias.copy_of(slot, slots, holders),
-            None => Ok(bias),
-        }
-    }
+    /// `[D]`, on every rank: added after the sum.
+    o_bias: Option<ShardedArray<Replicated>>,
+    /// `[1, H]`, this rank's query heads' sinks.
+    sinks: Option<ShardedArray<Sharded<1>>>,
 }
 
 impl GqaAttention {
@@ -270,7 +209,8 @@ impl GqaAttention {
     ) -> Result<Self> {
         let comm = w.comm();
         let split = HeadSplit::new(config.heads, config.kv_heads, comm.rank(), comm.size())?;
-        let [query, kv] = HeadRows::of(config, &split, comm.size())?;
+        let heads = (config.heads, config.kv_heads, config.head_dim);
+        let [query, kv] = HeadRows::of(heads, &split, comm.size())?;
         let (hd, d) = (config.head_dim, config.dim);
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
         // Each part's weight and bias tensors, its first row there, and
@@ -320,6 +260,22 @@ impl GqaAttention {
             v_bias: bias(&kv, 2)?,
             q_norm: norm(&format!("{}.weight", names.q_norm))?,
             k_norm: norm(&format!("{}.weight", names.k_norm))?,
+            o_bias: config
+                .o_bias
+                .then(|| w.full(&format!("{}.bias", names.o), &[d], s))
+                .transpose()?
+                .map(|b| ShardedArray::replicated(b, comm)),
+            sinks: config
+                .sinks
+                .then(|| {
+                    let (first, count) = split.query;
+                    let per_rank: Vec<usize> = query.split.iter().map(|rows| rows / hd).collect();
+                    let local = w.rows(names.sinks, &[config.heads], &[(first, count)], s)?;
+                    let local = local.reshape(&[1, count as i32], s)?;
+                    let global = [1, config.heads as i32];
+                    ShardedArray::from_local_split(local, comm, &global, &per_rank)
+                })
+                .transpose()?,
         })
     }
 
@@ -346,9 +302,10 @@ impl GqaAttention {
         let weights = [&self.q, &self.k, &self.v].map(LinearWeight::nbytes);
         let biases = [&self.q_bias, &self.k_bias, &self.v_bias];
         let biases = biases.into_iter().flatten().map(|b| b.local().nbytes());
-        let norms = [&self.q_norm, &self.k_norm];
+        let norms = [&self.q_norm, &self.k_norm, &self.o_bias];
         let norms = norms.into_iter().flatten().map(|b| b.local().nbytes());
-        weights.iter().sum::<usize>() + self.o.nbytes() + biases.chain(norms).sum::<usize>()
+        let sinks = self.sinks.as_ref().map_or(0, |a| a.local().nbytes());
+        weights.iter().sum::<usize>() + self.o.nbytes() + biases.chain(norms).sum::<usize>() + sinks
     }
 
     /// Causal self-attention of the replicated tokens `x` `[T, D]`: the
@@ -368,9 +325,10 @@ impl GqaAttention {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         let rows: usize = batch.iter().map(|(len, _)| len).sum();
-        self.around_heads(x, rows, s, |qkv, norms| {
+        self.around_heads(x, rows, s, |qkv, sinks, norms| {
+            let sinks = sinks.as_ref();
             if let [(_, cache)] = batch {
-                return self.attend(qkv, &norms, *cache, s);
+                return self.attend(qkv, (sinks, &norms), *cache, s);
             }
             // Each sequence attends over its own rows and cache.
             let mut start = 0;
@@ -379,7 +337,7 @@ impl GqaAttention {
                 let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
                 let [q, k, v] = &qkv;
                 let part = [rows(q)?, rows(k)?, rows(v)?];
-                outputs.push(self.attend(part, &norms, *cache, s)?);
+                outputs.push(self.attend(part, (sinks, &norms), *cache, s)?);
                 start += *len;
             }
             Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?)
@@ -388,15 +346,16 @@ impl GqaAttention {
 
     /// What every forward shares: checks `x` is `[rows, D]`, projects it
     /// to this rank's q, k and v (`[rows, heads * hd]`, `[rows, kv * hd]`),
-    /// runs `heads` on them and the q/k norm weights (the attention output
-    /// `[rows, heads * hd]` on this rank), then the output projection and
-    /// its `all_sum`.
+    /// runs `heads` on them, this rank's sinks `[1, heads]` (when the
+    /// layer has them) and the q/k norm weights (the attention output
+    /// `[rows, heads * hd]` on this rank), then the output projection, its
+    /// `all_sum` and its bias.
     pub(super) fn around_heads(
         &self,
         x: &ShardedArray<Replicated>,
         rows: usize,
         s: &Stream,
-        heads: impl FnOnce([Array; 3], Vec<Array>) -> Result<Array>,
+        heads: impl FnOnce([Array; 3], Option<Array>, Vec<Array>) -> Result<Array>,
     ) -> Result<ShardedArray<Replicated>> {
         check_tokens(x, rows, self.config.dim)?;
         let project = |w: &LinearWeight<Sharded<0>>, bias: &Option<ShardedArray<Sharded<0>>>| {
@@ -411,24 +370,40 @@ impl GqaAttention {
         let v = project(&self.v, &self.v_bias)?;
         let norms: Vec<_> = [&self.q_norm, &self.k_norm].into_iter().flatten().collect();
         let split = q.axis_split();
-        let out = shard_map(
-            [&q, &k, &v],
-            &norms,
-            (q.global_shape(), split.as_deref()),
-            heads,
-            s,
-        )?;
-        out.linear(&self.o, s)?.all_sum(s)
+        let out_spec = (q.global_shape(), split.as_deref());
+        // The sinks split by heads as q, k and v do.
+        let out = match &self.sinks {
+            None => shard_map(
+                [&q, &k, &v],
+                &norms,
+                out_spec,
+                |qkv, norms| heads(qkv, None, norms),
+                s,
+            )?,
+            Some(sinks) => shard_map(
+                [&q, &k, &v, sinks],
+                &norms,
+                out_spec,
+                |[q, k, v, sinks], norms| heads([q, k, v], Some(sinks), norms),
+                s,
+            )?,
+        };
+        let y = out.linear(&self.o, s)?.all_sum(s)?;
+        match &self.o_bias {
+            Some(b) => y.add_bias(b, s),
+            None => Ok(y),
+        }
     }
 
     /// One sequence's heads on this rank: q `[T, heads * hd]`, k and v
     /// `[T, kv * hd]` to the attention output `[T, heads * hd]`, after the
     /// q/k norms (when `norms` has them) and the rotation, with the keys
-    /// and values appended to `cache`.
+    /// and values appended to `cache`; `sinks` `[1, heads]` join each
+    /// softmax.
     fn attend(
         &self,
         [q, k, v]: [Array; 3],
-        norms: &[Array],
+        (sinks, norms): (Option<&Array>, &[Array]),
         cache: &mut dyn LayerKv,
         s: &Stream,
     ) -> Result<Array> {
@@ -475,8 +450,16 @@ impl GqaAttention {
             Some(allowed) => Some(ScaledDotProductAttentionMask::Array(allowed)),
             None => (t > 1).then_some(ScaledDotProductAttentionMask::Causal),
         };
-        let out =
-            safemlx::fast::scaled_dot_product_attention(&q, &keys, &values, scale, mask, None, s)?;
+        let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
+        let out = safemlx::fast::scaled_dot_product_attention(
+            &q,
+            &keys,
+            &values,
+            scale,
+            mask,
+            sinks.as_ref(),
+            s,
+        )?;
         // [1, heads, T, hd] -> [T, heads * hd]
         Ok(out
             .transpose_axes(&[0, 2, 1, 3], s)?

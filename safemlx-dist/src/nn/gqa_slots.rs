@@ -35,15 +35,15 @@ impl GqaAttention {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         let total: usize = rows.iter().map(|r| r.len).sum();
-        self.around_heads(x, total, s, |qkv, norms| {
-            self.attend_slots(qkv, &norms, layer, rows, slots, s)
+        self.around_heads(x, total, s, |qkv, sinks, norms| {
+            self.attend_slots(qkv, (sinks.as_ref(), &norms), layer, rows, slots, s)
         })
     }
 
     fn attend_slots(
         &self,
         [q, k, v]: [Array; 3],
-        norms: &[Array],
+        (sinks, norms): (Option<&Array>, &[Array]),
         layer: &mut SlotLayer,
         rows: &[SlotRows],
         slots: usize,
@@ -81,6 +81,7 @@ impl GqaAttention {
         // [slots, kv, capacity, hd]
         let (keys, values) = layer.write(rows, slots, [&k, &v], s)?;
         let scale = 1.0 / (config.head_dim as f32).sqrt();
+        let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
         // The pieces of the output and the rows each covers.
         let (mut pieces, mut order) = (Vec::new(), Vec::new());
         let (mut singles, mut at) = (Vec::new(), 0);
@@ -103,7 +104,7 @@ impl GqaAttention {
                     &seen(&values)?,
                     scale,
                     mask,
-                    None,
+                    sinks.as_ref(),
                     s,
                 )?;
                 pieces.push(
@@ -115,7 +116,8 @@ impl GqaAttention {
             at += r.len;
         }
         if !singles.is_empty() {
-            let out = self.attend_singles(&singles, &q, [&keys, &values], slots, s)?;
+            let buffers = [&keys, &values];
+            let out = self.attend_singles(&singles, (&q, sinks.as_ref()), buffers, slots, s)?;
             pieces.insert(0, out);
             order.splice(0..0, singles.iter().map(|row| row.0));
         }
@@ -140,11 +142,11 @@ impl GqaAttention {
     /// thrown away); with fewer, the batch's slots are gathered first
     /// (whole, which copies blocks; a gather from a strided view goes
     /// element by element). Each row sees its slot's positions before its
-    /// end.
+    /// end; `sinks` `[heads]` join each softmax.
     fn attend_singles(
         &self,
         singles: &[(i32, i32, i32)],
-        q: &Array,
+        (q, sinks): (&Array, Option<&Array>),
         [keys, values]: [&Array; 2],
         slots: usize,
         s: &Stream,
@@ -192,7 +194,7 @@ impl GqaAttention {
             &seen(values)?,
             scale,
             Some(ScaledDotProductAttentionMask::Array(&mask)),
-            None,
+            sinks,
             s,
         )?;
         let out = if every {

@@ -13,6 +13,7 @@
 mod embedding;
 mod gqa;
 mod gqa_slots;
+mod head_rows;
 mod head_split;
 pub mod kv_cache;
 mod load_linear;
@@ -31,8 +32,8 @@ pub use load_linear::{load_columns, load_replicated, load_row_block, load_rows};
 pub use mla::{MlaAttention, MlaConfig, MlaNames};
 pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
-    ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices, ExpertWeights, Gating, Moe,
-    MoeConfig, MoeOutput, SharedExperts,
+    ExpertActivation, ExpertBiases, ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices,
+    ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use slot_cache::{SlotCache, SlotLayer, SlotRows};

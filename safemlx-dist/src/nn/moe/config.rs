@@ -31,6 +31,23 @@ pub enum Gating {
     },
 }
 
+/// How an expert combines its gate and up projections into the hidden
+/// values its down projection reads.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up` (Mixtral, Qwen, GLM, DeepSeek).
+    #[default]
+    Swiglu,
+    /// gpt-oss's clamped SwiGLU: `g = min(gate, limit)`, `u = clip(up,
+    /// -limit, limit)`, then `(u + 1) * g * sigmoid(alpha * g)`.
+    ClampedSwiglu {
+        /// The sigmoid's slope (1.702).
+        alpha: f32,
+        /// The clamp (`swiglu_limit`, 7).
+        limit: f32,
+    },
+}
+
 /// Where the experts' weights live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExpertPlacement {
@@ -90,6 +107,8 @@ pub struct MoeConfig {
     pub placement: ExpertPlacement,
     /// How the local experts multiply (automatic by default).
     pub expert_matmul: ExpertMatmul,
+    /// The experts' activation (SwiGLU by default).
+    pub activation: ExpertActivation,
 }
 
 impl MoeConfig {
@@ -103,7 +122,14 @@ impl MoeConfig {
             capacity_factor: None,
             placement: ExpertPlacement::ExpertParallel,
             expert_matmul: ExpertMatmul::Auto,
+            activation: ExpertActivation::Swiglu,
         }
+    }
+
+    /// With the experts' `activation`.
+    pub fn with_activation(mut self, activation: ExpertActivation) -> Self {
+        self.activation = activation;
+        self
     }
 
     /// With `gating`.
@@ -170,6 +196,13 @@ impl MoeConfig {
             if !(f.is_finite() && f > 0.0) {
                 return Err(Error::Setting(format!(
                     "capacity factor {f}: it must be a positive number"
+                )));
+            }
+        }
+        if let ExpertActivation::ClampedSwiglu { alpha, limit } = self.activation {
+            if !(alpha.is_finite() && limit.is_finite() && limit > 0.0) {
+                return Err(Error::Setting(format!(
+                    "a clamped SwiGLU with alpha {alpha} and limit {limit}: both must be finite, the limit above 0"
                 )));
             }
         }

@@ -123,7 +123,9 @@ impl Moe {
         };
         Ok(Self {
             router: ShardedArray::replicated(router, group),
+            router_bias: None,
             experts: Box::new(experts),
+            biases: None,
             shared: None,
             score_bias: None,
             config,
@@ -155,7 +157,9 @@ impl Moe {
         };
         Ok(Self {
             router: w.get_fused("router", None, 1, s)?,
+            router_bias: None,
             experts: Box::new(experts),
+            biases: None,
             shared: None,
             score_bias: None,
             config,
@@ -283,6 +287,8 @@ impl Moe {
         };
         Ok(Self {
             router: ShardedArray::replicated(router, group),
+            router_bias: None,
+            biases: None,
             experts: Box::new(experts_part),
             shared,
             score_bias,

@@ -5,7 +5,7 @@
 use safemlx::ops;
 use safemlx::{Array, DeviceType, Dtype, Stream};
 
-use super::config::ExpertMatmul;
+use super::config::{ExpertActivation, ExpertMatmul};
 use super::routing::{arange, int_array, silu, take_rows, Routing};
 use super::{Experts, Moe, MoeOutput};
 use crate::error::{Error, Result};
@@ -13,9 +13,51 @@ use crate::runtime::slice_axis;
 use crate::typed::{chunk, partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
 
 impl Moe {
+    /// The hidden values of the gate and up projections' outputs, by the
+    /// layer's activation.
+    fn activate(&self, gate: &Array, up: &Array, s: &Stream) -> Result<Array> {
+        match self.config.activation {
+            ExpertActivation::Swiglu => Ok(silu(gate, s)?.multiply(up, s)?),
+            ExpertActivation::ClampedSwiglu { alpha, limit } => {
+                let gate = ops::minimum(gate, Array::from_f32(limit), s)?;
+                let up = ops::clip(up, (-limit, limit), s)?;
+                let glu = gate.multiply(
+                    ops::sigmoid(gate.multiply(Array::from_f32(alpha), s)?, s)?,
+                    s,
+                )?;
+                Ok(up.add(Array::from_f32(1.0), s)?.multiply(&glu, s)?)
+            }
+        }
+    }
+
+    /// The local gate and up biases `[E', H']`, when the layer has them.
+    fn hidden_biases(&self) -> Option<(&Array, &Array)> {
+        self.biases.as_ref().map(|b| b.hidden.locals())
+    }
+
+    /// `out` `[r, D]` plus the down bias of each row's expert (`ids` `[r]`
+    /// local to the experts from `first`), when the layer has one and
+    /// `adds`; `bias` is the `[E, D]` bias (the caller's traced copy).
+    fn add_down_bias(
+        &self,
+        out: Array,
+        (ids, first): (&Array, usize),
+        bias: Option<&Array>,
+        s: &Stream,
+    ) -> Result<Array> {
+        match bias {
+            Some(b) if out.shape()[0] > 0 => {
+                let ids = ids.add(Array::from_int(first as i32), s)?;
+                Ok(out.add(b.take_axis(&ids, 0, s)?, s)?)
+            }
+            _ => Ok(out),
+        }
+    }
+
     /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
     /// the local expert tensors `gate`, `up` `[E', D, H']`, `down`
-    /// `[E', H', D]`; `per_expert` rows go to each), in the rows' order.
+    /// `[E', H', D]`, with the layer's gate and up biases; `per_expert`
+    /// rows go to each), in the rows' order.
     fn run_experts(
         &self,
         rows: &Array,
@@ -47,7 +89,14 @@ impl Moe {
             let ids = sorted_ids.as_dtype(Dtype::Uint32, s)?;
             let x = sorted_rows.expand_dims(1, s)?; // [r, 1, D]
             let mm = |a: &Array, w: &Array| ops::gather_mm(a, w, None, &ids, true, s);
-            let hidden = silu(&mm(&x, gate)?, s)?.multiply(mm(&x, up)?, s)?;
+            let (mut g, mut u) = (mm(&x, gate)?, mm(&x, up)?);
+            if let Some((gb, ub)) = self.hidden_biases() {
+                // [r, 1, H'] each row's expert's biases.
+                let of_rows = |b: &Array| b.take_axis(&sorted_ids, 0, s)?.expand_dims(1, s);
+                g = g.add(of_rows(gb)?, s)?;
+                u = u.add(of_rows(ub)?, s)?;
+            }
+            let hidden = self.activate(&g, &u, s)?;
             mm(&hidden, down)?.reshape(&[r as i32, d], s)?
         } else {
             // One matmul per local expert on its run of rows.
@@ -61,9 +110,12 @@ impl Moe {
                 let pick = |w: &Array| -> Result<Array> {
                     Ok(slice_axis(w, 0, j, 1, s)?.squeeze_axes(&[0], s)?)
                 };
-                let hidden =
-                    silu(&x.matmul(pick(gate)?, s)?, s)?.multiply(x.matmul(pick(up)?, s)?, s)?;
-                outputs.push(hidden.matmul(pick(down)?, s)?);
+                let (mut g, mut u) = (x.matmul(pick(gate)?, s)?, x.matmul(pick(up)?, s)?);
+                if let Some((gb, ub)) = self.hidden_biases() {
+                    g = g.add(pick(gb)?, s)?;
+                    u = u.add(pick(ub)?, s)?;
+                }
+                outputs.push(self.activate(&g, &u, s)?.matmul(pick(down)?, s)?);
                 start += count;
             }
             ops::concatenate_axis(&outputs, 0, s)?
@@ -127,7 +179,8 @@ impl Moe {
         let t = usize::try_from(x.shape()[0]).unwrap_or(0);
         let e = self.num_experts;
         let k = self.config.top_k;
-        let routing = self.route(x, self.router.local(), s)?;
+        let router_bias = self.router_bias.as_ref().map(ShardedArray::local);
+        let routing = self.route(x, (self.router.local(), router_bias), s)?;
 
         // Dispatch: the kept slots, by expert, so by destination rank. The
         // counts per expert go to every rank (one all_gather of E counts),
@@ -159,9 +212,10 @@ impl Moe {
                 per_expert[j] += count;
             }
         }
+        let ids = int_array(&ids);
         let processed = self.run_experts(
             routed.local(),
-            &int_array(&ids),
+            &ids,
             &per_expert,
             (
                 weights.gate.local(),
@@ -170,6 +224,8 @@ impl Moe {
             ),
             s,
         )?;
+        let down_bias = self.biases.as_ref().map(|b| b.down.local());
+        let processed = self.add_down_bias(processed, (&ids, first), down_bias, s)?;
         let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
         crate::runtime::eval(&[back.local()])?;
         let combined = self.combine(&routing, back.local(), t, s)?;
@@ -186,35 +242,37 @@ impl Moe {
     }
 
     /// Rank `rank` of `n`'s share of the routed experts' output on the
-    /// replicated tokens `x` `[T, D]` with `router` `[D, E]`: the slots of
-    /// its experts (expert parallel) or its slices of every expert (expert
-    /// tensor parallel), other slots zero; with the kept slots' count and
+    /// replicated tokens `x` `[T, D]` with `router` `[D, E]` (and its
+    /// bias `[E]`): the slots of its experts (expert parallel) or its
+    /// slices of every expert (expert tensor parallel), other slots zero,
+    /// with the down bias `[E, D]` of its slots (rank 0's: every slot's,
+    /// under expert tensor parallelism); with the kept slots' count and
     /// the routing statistics.
     fn routed_share(
         &self,
         x: &Array,
-        router: &Array,
+        (router, router_bias, down_bias): (&Array, Option<&Array>, Option<&Array>),
         (rank, n): (usize, usize),
         s: &Stream,
     ) -> Result<(Array, usize, Vec<f32>)> {
         let t = usize::try_from(x.shape()[0]).unwrap_or(0);
         let d = x.shape()[1];
-        let routing = self.route(x, router, s)?;
+        let routing = self.route(x, (router, router_bias), s)?;
         let (kept, stats) = self.read_summaries(&routing.summary, 1, s)?;
         let kept = &kept[0];
         let m: usize = kept.iter().sum();
         let k = self.config.top_k as i32;
         // The slots this rank computes: a run of `order` (sorted by
         // expert), their experts as indices into the local tensors.
-        let (weights, first, experts) = match self.experts.as_ref() {
+        let (weights, first, experts, adds_bias) = match self.experts.as_ref() {
             Experts::Parallel(w) => {
                 let (first, count) = chunk(self.num_experts, rank, n);
                 let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, first, first..first + count)
+                (weights, first, first..first + count, true)
             }
             Experts::TensorParallel(w) => {
                 let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, 0, 0..self.num_experts)
+                (weights, 0, 0..self.num_experts, rank == 0)
             }
         };
         let before: usize = kept[..experts.start].iter().sum();
@@ -224,6 +282,8 @@ impl Moe {
         let ids =
             take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
         let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
+        let down_bias = down_bias.filter(|_| adds_bias);
+        let computed = self.add_down_bias(computed, (&ids, first), down_bias, s)?;
         // The other ranks' slots are zeros here.
         let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], x.dtype(), s);
         let per_row =
@@ -259,16 +319,27 @@ impl Moe {
         // through it are shares too; `partial_map` sums them.
         let (rank, n) = (x.comm().rank(), x.comm().size());
         let mut kept = (0, Vec::new());
+        // The replicated inputs: the tokens, the router, then its bias and
+        // the down bias when the layer has them.
+        let mut inputs = vec![x, &self.router];
+        inputs.extend(&self.router_bias);
+        inputs.extend(self.biases.as_ref().map(|b| &b.down));
         let mut partial = partial_map(
-            &[x, &self.router],
+            &inputs,
             &[t, d],
-            |inputs| match inputs.as_slice() {
-                [tokens, router] => {
-                    let (routed, m, stats) = self.routed_share(tokens, router, (rank, n), s)?;
-                    kept = (m, stats);
-                    Ok(routed)
-                }
-                _ => Err(Error::Shape("the MoE has two replicated inputs".to_owned())),
+            |inputs| {
+                let [tokens, router, rest @ ..] = inputs.as_slice() else {
+                    return Err(Error::Shape(
+                        "the MoE has at least two replicated inputs".to_owned(),
+                    ));
+                };
+                let mut rest = rest.iter();
+                let router_bias = self.router_bias.as_ref().and_then(|_| rest.next());
+                let down_bias = self.biases.as_ref().and_then(|_| rest.next());
+                let weights = (router, router_bias, down_bias);
+                let (routed, m, stats) = self.routed_share(tokens, weights, (rank, n), s)?;
+                kept = (m, stats);
+                Ok(routed)
             },
             s,
         )?;

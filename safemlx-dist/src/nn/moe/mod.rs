@@ -21,15 +21,17 @@
 mod config;
 mod experts;
 mod forward;
+mod interleaved;
 mod routing;
 
 use safemlx::{Array, Stream};
 
 use crate::error::Result;
-use crate::typed::{Placement, Replicated, ShardedArray};
+use crate::typed::{Placement, Replicated, Sharded, ShardedArray};
 
-pub use config::{ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
+pub use config::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
 pub use experts::{ExpertNames, ExpertSlices, ExpertWeights};
+pub use interleaved::InterleavedNames;
 
 use super::Mlp;
 use crate::grad::Parameters;
@@ -39,6 +41,40 @@ use crate::grad::Parameters;
 enum Experts {
     Parallel(ExpertWeights),
     TensorParallel(ExpertSlices),
+}
+
+/// The experts' biases (gpt-oss): the gate and up biases `[E, H]` placed
+/// as the gate and up weights are (by expert, or by hidden column), and
+/// the down bias `[E, D]` on every rank, added to each slot's output by
+/// the rank that computes the slot (expert parallel) or by rank 0 alone
+/// (expert tensor parallel: the ranks' slices sum to the output once).
+#[derive(Debug, Parameters)]
+pub struct ExpertBiases {
+    hidden: HiddenBiases,
+    down: ShardedArray<Replicated>,
+}
+
+/// The gate and up biases `[E, H]` placed as `P`.
+#[derive(Debug, Parameters)]
+struct BiasPair<P: Placement> {
+    gate: ShardedArray<P>,
+    up: ShardedArray<P>,
+}
+
+/// The gate and up biases, by placement: by expert, or by hidden column.
+#[derive(Debug, Parameters)]
+enum HiddenBiases {
+    Parallel(BiasPair<Sharded<0>>),
+    TensorParallel(BiasPair<Sharded<1>>),
+}
+
+impl HiddenBiases {
+    fn locals(&self) -> (&Array, &Array) {
+        match self {
+            Self::Parallel(b) => (b.gate.local(), b.up.local()),
+            Self::TensorParallel(b) => (b.gate.local(), b.up.local()),
+        }
+    }
 }
 
 /// Experts every token goes through, beside the routed ones (Qwen2-MoE's
@@ -83,7 +119,10 @@ pub struct MoeOutput<P: Placement> {
 #[derive(Debug, Parameters)]
 pub struct Moe {
     router: ShardedArray<Replicated>,
+    /// `[E]`, added to the router's logits (gpt-oss).
+    router_bias: Option<ShardedArray<Replicated>>,
     experts: Box<Experts>,
+    biases: Option<Box<ExpertBiases>>,
     shared: Option<Box<SharedExperts>>,
     /// `[E]`, added to the scores experts are chosen on (not trained).
     #[parameters(skip)]
@@ -138,15 +177,26 @@ impl Moe {
         let shared = self.shared.as_ref().map_or(0, |sh| {
             sh.mlp.nbytes() + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
         });
-        self.router.local().nbytes() + experts + shared
+        let biases = self.biases.as_ref().map_or(0, |b| {
+            let (g, u) = b.hidden.locals();
+            g.nbytes() + u.nbytes() + b.down.local().nbytes()
+        });
+        let router_bias = self.router_bias.as_ref().map_or(0, |b| b.local().nbytes());
+        self.router.local().nbytes() + router_bias + experts + biases + shared
     }
 
     /// The full weights again: `router`, `gate`, `up`, `down` (one
     /// `all_gather` per expert tensor), as [`load`](Self::load) reads them.
     ///
     /// # Errors
-    /// A failed collective.
+    /// A layer with biases (gpt-oss's: [`load`](Self::load) does not read
+    /// them), or a failed collective.
     pub fn gather_full(&self, s: &Stream) -> Result<Vec<(&'static str, Array)>> {
+        if self.biases.is_some() || self.router_bias.is_some() {
+            return Err(crate::error::Error::Setting(
+                "an MoE layer with router or expert biases (gpt-oss) is not gathered into `Moe::load`'s tensors, which have no biases".to_owned(),
+            ));
+        }
         let mut all = vec![("router", self.router.local().clone())];
         all.extend(match self.experts.as_ref() {
             Experts::Parallel(w) => w.gather_full(s)?,

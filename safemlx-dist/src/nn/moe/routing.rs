@@ -60,8 +60,14 @@ pub(super) struct Routing {
 }
 
 impl Moe {
-    /// The routing of `x` `[t, D]` by `router` `[D, E]` (see [`Routing`]).
-    pub(super) fn route(&self, x: &Array, router: &Array, s: &Stream) -> Result<Routing> {
+    /// The routing of `x` `[t, D]` by `router` `[D, E]` and its bias `[E]`
+    /// when it has one (see [`Routing`]).
+    pub(super) fn route(
+        &self,
+        x: &Array,
+        (router, bias): (&Array, Option<&Array>),
+        s: &Stream,
+    ) -> Result<Routing> {
         let (e, k) = (self.num_experts, self.config.top_k);
         let t = usize::try_from(x.shape()[0]).unwrap_or(0);
         let slots = t * k;
@@ -76,7 +82,11 @@ impl Moe {
                 summary: ops::zeros::<f32>(&[3 * e as i32 + 2], s)?,
             });
         }
-        let logits = x.matmul(router, s)?.as_dtype(Dtype::Float32, s)?;
+        let logits = match bias {
+            Some(b) => ops::addmm(b, x, router, None, None, s)?,
+            None => x.matmul(router, s)?,
+        };
+        let logits = logits.as_dtype(Dtype::Float32, s)?;
         let probs = match self.config.gating {
             Gating::SigmoidGroups { .. } => ops::sigmoid(&logits, s)?,
             _ => ops::softmax_axis(&logits, -1, None, s)?,

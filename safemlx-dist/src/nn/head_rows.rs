@@ -1,0 +1,89 @@
+//! How the ranks divide an attention layer's heads into rows of its
+//! projections: this rank's rows of q (and k, v), every rank's row
+//! counts, and the copies of a KV head shared by several ranks.
+
+use safemlx::Stream;
+
+use super::head_split::HeadSplit;
+use super::load_linear::load_row_block;
+use crate::checkpoint::Weights;
+use crate::error::{Error, Result};
+use crate::typed::{chunk, LinearWeight, Sharded, ShardedArray};
+
+/// One kind of head (query or KV) as the ranks divide it: this rank's rows
+/// `(first, count)` of the projection, every rank's row count, and, with
+/// more ranks than KV heads, this rank's KV head as a copy
+/// `(slot, slots, holders)`.
+pub(super) struct HeadRows {
+    pub(super) mine: (usize, usize),
+    pub(super) split: Vec<usize>,
+    copy: Option<(usize, usize, usize)>,
+}
+
+impl HeadRows {
+    /// The query rows and the KV rows of this rank of `n`, for `heads`
+    /// query and `kv_heads` KV heads of `hd` dimensions.
+    pub(super) fn of(
+        (heads, kv_heads, hd): (usize, usize, usize),
+        split: &HeadSplit,
+        n: usize,
+    ) -> Result<[Self; 2]> {
+        let rows = |(first, count): (usize, usize)| (first * hd, count * hd);
+        let all: Vec<HeadSplit> = (0..n)
+            .map(|rank| HeadSplit::new(heads, kv_heads, rank, n))
+            .collect::<Result<_>>()?;
+        let copy = (n > kv_heads).then(|| {
+            let slot = split.kv.0;
+            (slot, kv_heads, chunk(n, slot, kv_heads).1)
+        });
+        Ok([
+            Self {
+                mine: rows(split.query),
+                split: all.iter().map(|h| h.query.1 * hd).collect(),
+                copy: None,
+            },
+            Self {
+                mine: rows(split.kv),
+                split: all.iter().map(|h| h.kv.1 * hd).collect(),
+                copy,
+            },
+        ])
+    }
+
+    /// This rank's rows of the `[out, D]` weight `name` of shape `shape`,
+    /// whose heads start at row `offset` (a fused q/k/v tensor).
+    pub(super) fn weight(
+        &self,
+        w: &Weights,
+        (name, offset): (&str, usize),
+        shape: [usize; 2],
+        s: &Stream,
+    ) -> Result<LinearWeight<Sharded<0>>> {
+        let (first, count) = self.mine;
+        let weight = load_row_block(w, name, shape, (offset + first, count), &self.split, s)?;
+        match self.copy {
+            Some((slot, slots, holders)) => weight.copy_of(slot, slots, holders),
+            None => Ok(weight),
+        }
+    }
+
+    /// This rank's entries of the bias `name` of `len` values, whose heads
+    /// start at `offset`.
+    pub(super) fn bias(
+        &self,
+        w: &Weights,
+        (name, offset): (&str, usize),
+        len: usize,
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<0>>> {
+        let (first, count) = self.mine;
+        let local = w.rows(name, &[len], &[(offset + first, count)], s)?;
+        let rows = self.split.iter().sum::<usize>();
+        let rows = i32::try_from(rows).map_err(|_| Error::ShapeOverflow { value: rows })?;
+        let bias = ShardedArray::from_local_split(local, w.comm(), &[rows], &self.split)?;
+        match self.copy {
+            Some((slot, slots, holders)) => bias.copy_of(slot, slots, holders),
+            None => Ok(bias),
+        }
+    }
+}
