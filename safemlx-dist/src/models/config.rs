@@ -3,7 +3,9 @@
 //! (`config_hf.rs`) or a GGUF file's metadata (`config_gguf.rs`), and its
 //! values are checked there (`config_check.rs`).
 
-use crate::nn::{ExpertActivation, ExpertNames, ExpertPlacement, Gating, InterleavedNames};
+use crate::nn::{
+    ExpertActivation, ExpertMatmul, ExpertNames, ExpertPlacement, Gating, InterleavedNames,
+};
 
 /// Which member of the Llama family a model is; they differ only in a few
 /// switches (see [`LlamaConfig`]).
@@ -96,6 +98,9 @@ pub struct MoeSettings {
     /// Where the experts go when loaded (not in the checkpoint: a choice
     /// of the run; expert parallel by default).
     pub placement: ExpertPlacement,
+    /// How the local experts multiply (a choice of the run; by device by
+    /// default).
+    pub expert_matmul: ExpertMatmul,
 }
 
 impl MoeSettings {

@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::config::{ExpertLayout, Family, LlamaConfig, MoeSettings, RopeScaling};
 use super::config_keys::Keys;
 use crate::error::Result;
-use crate::nn::{ExpertActivation, ExpertPlacement, Gating};
+use crate::nn::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating};
 
 impl LlamaConfig {
     /// Reads a Hugging Face `config.json` (`path` is for messages).
@@ -131,6 +131,7 @@ impl LlamaConfig {
                 layout: ExpertLayout::PerExpert(super::llama::MIXTRAL_EXPERTS),
                 activation: ExpertActivation::Swiglu,
                 placement: ExpertPlacement::ExpertParallel,
+                expert_matmul: ExpertMatmul::Auto,
             }),
             Family::Qwen2Moe | Family::Qwen3Moe => {
                 let mlp_only_layers = match json.get("mlp_only_layers") {
@@ -172,6 +173,7 @@ impl LlamaConfig {
                     layout: ExpertLayout::PerExpert(super::llama::QWEN_EXPERTS),
                     activation: ExpertActivation::Swiglu,
                     placement: ExpertPlacement::ExpertParallel,
+                    expert_matmul: ExpertMatmul::Auto,
                 })
             }
             Family::Glm4Moe => Some(super::glm4_moe::moe_settings(&keys, "GLM-4-MoE")?),

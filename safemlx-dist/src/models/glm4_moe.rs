@@ -26,7 +26,7 @@ use super::config::{ExpertLayout, MoeSettings};
 use super::config_keys::Keys;
 use super::llama::{MLP, QWEN_EXPERTS};
 use crate::error::Result;
-use crate::nn::{ExpertActivation, ExpertNames, ExpertPlacement, Gating};
+use crate::nn::{ExpertActivation, ExpertMatmul, ExpertNames, ExpertPlacement, Gating};
 
 /// A layer's MoE tensors under `mlp`: Qwen's expert names, the router's
 /// `gate.e_score_correction_bias`, and `shared_experts.{gate,up,down}_proj`
@@ -105,6 +105,7 @@ pub(super) fn moe_settings(keys: &Keys, family: &str) -> Result<MoeSettings> {
         layout: ExpertLayout::PerExpert(EXPERTS),
         activation: ExpertActivation::Swiglu,
         placement: ExpertPlacement::ExpertParallel,
+        expert_matmul: ExpertMatmul::Auto,
     })
 }
 

@@ -18,14 +18,15 @@
 //! ```
 //!
 //! The experts split across ranks or are sliced (both placements); their
-//! MXFP4 weights (`*_blocks`, `*_scales`, as OpenAI ships them) are
-//! dequantized to float32 on load, with one line saying so
-//! ([`mxfp4_note`]); a float copy in Transformers' layout reads as well.
+//! MXFP4 weights (`*_blocks`, `*_scales`, as OpenAI ships them) stay as
+//! stored where MLX multiplies that mode, else are dequantized to float32
+//! (`Moe::mxfp4_storage`; loading says which in one line); a float copy in
+//! Transformers' layout reads as well.
 
 use super::config::{ExpertLayout, MoeSettings};
 use super::config_keys::Keys;
 use crate::error::Result;
-use crate::nn::{ExpertActivation, ExpertPlacement, Gating, InterleavedNames};
+use crate::nn::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, InterleavedNames};
 
 /// A layer's MoE tensors under `mlp`.
 pub(super) const EXPERTS: InterleavedNames = InterleavedNames {
@@ -66,6 +67,7 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<MoeSettings> {
             limit,
         },
         placement: ExpertPlacement::ExpertParallel,
+        expert_matmul: ExpertMatmul::Auto,
     })
 }
 
@@ -73,18 +75,6 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<MoeSettings> {
 /// sliding and full alternate from a sliding layer 0, as mlx-lm reads it.
 pub(super) fn default_layer_types(layers: usize) -> Vec<bool> {
     (0..layers).map(|i| i % 2 == 0).collect()
-}
-
-/// The line loading prints when `names` hold MXFP4 expert weights: how
-/// many tensors are dequantized to float32 as they are read. `None`
-/// without any.
-pub fn mxfp4_note<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
-    let blocks = names.filter(|n| n.ends_with("_proj_blocks")).count();
-    (blocks > 0).then(|| {
-        format!(
-            "dequantizing {blocks} MXFP4 expert tensors to float32 as they are read (the experts' matmuls run on floats: about 7.5 times their stored bytes)"
-        )
-    })
 }
 
 #[cfg(test)]
@@ -191,20 +181,5 @@ mod tests {
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
             "model m: rope scaling \"truncate\" is \"no\", not true or false"
         );
-    }
-
-    #[test]
-    fn the_mxfp4_note_counts_the_block_tensors() {
-        let names = [
-            "model.layers.0.mlp.experts.gate_up_proj_blocks",
-            "model.layers.0.mlp.experts.gate_up_proj_scales",
-            "model.layers.0.mlp.experts.down_proj_blocks",
-            "model.layers.0.mlp.router.weight",
-        ];
-        assert_eq!(
-            super::mxfp4_note(names.into_iter()).unwrap(),
-            "dequantizing 2 MXFP4 expert tensors to float32 as they are read (the experts' matmuls run on floats: about 7.5 times their stored bytes)"
-        );
-        assert_eq!(super::mxfp4_note(names[3..].iter().copied()), None);
     }
 }

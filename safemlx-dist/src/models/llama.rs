@@ -103,9 +103,8 @@ impl Llama {
     /// the directory, the key or the tensor.
     pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
         let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
-        let layers = config.layers;
         let model = Self::load(&Weights::new(dir, group), config, s)?;
-        load_notes(group, dir, layers);
+        load_notes(group, dir, &model);
         Ok(model)
     }
 
@@ -311,9 +310,34 @@ impl Llama {
         self.embed.is_quantized()
             || self.lm_head.as_ref().is_some_and(Embedding::is_quantized)
             || self.layers.iter().any(|l| {
-                matches!(&l.mlp, FeedForward::Dense(m) if m.is_quantized())
-                    || l.attention.is_quantized()
+                let mlp = match &l.mlp {
+                    FeedForward::Dense(m) => m.is_quantized(),
+                    FeedForward::Moe(m) => m.is_quantized(),
+                };
+                mlp || l.attention.is_quantized()
             })
+    }
+
+    /// How the MXFP4 experts of a checkpoint that has them are held: kept
+    /// as stored, or dequantized and why (every layer alike).
+    fn mxfp4_note(&self) -> Option<String> {
+        let storage: Vec<_> = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mlp {
+                FeedForward::Moe(m) => m.mxfp4_storage(),
+                FeedForward::Dense(_) => None,
+            })
+            .collect();
+        let layers = storage.len();
+        Some(match storage.first()? {
+            Ok(()) => format!(
+                "keeping the MXFP4 experts of {layers} layers as stored (MLX's mxfp4 quantized matmuls)"
+            ),
+            Err(why) => format!(
+                "dequantizing the MXFP4 experts of {layers} layers to float32 as they are read (about 7.5 times their stored bytes): {why}"
+            ),
+        })
     }
 
     /// The LM head: its own table, or the embedding when tied.
@@ -341,16 +365,18 @@ impl Llama {
 
 /// On rank 0, one warning on stderr naming the layers after the last one
 /// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
-/// prediction), which the model does not read; and one line when its
-/// MXFP4 experts (gpt-oss) are dequantized.
-pub(super) fn load_notes(group: &Group, dir: &HfDirectory, layers: usize) {
-    if group.rank() == 0 {
-        if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), layers) {
-            eprintln!("warning: model {}: {warning}", dir.path().display());
-        }
-        if let Some(note) = super::gpt_oss::mxfp4_note(dir.names()) {
-            eprintln!("model {}: {note}", dir.path().display());
-        }
+/// prediction), which `model` does not read; and one line on how it holds
+/// MXFP4 experts (gpt-oss).
+pub(super) fn load_notes(group: &Group, dir: &HfDirectory, model: &Llama) {
+    if group.rank() != 0 {
+        return;
+    }
+    let path = dir.path().display();
+    if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), model.config.layers) {
+        eprintln!("warning: model {path}: {warning}");
+    }
+    if let Some(note) = model.mxfp4_note() {
+        eprintln!("model {path}: {note}");
     }
 }
 
@@ -425,7 +451,8 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
         .with_gating(m.gating)
         .with_routed_scaling(m.routed_scaling)
         .with_placement(m.placement)
-        .with_activation(m.activation);
+        .with_activation(m.activation)
+        .with_expert_matmul(m.expert_matmul);
     let dims = (c.hidden_size, m.hidden, m.experts);
     match &m.layout {
         ExpertLayout::Interleaved(names) => Moe::load_interleaved(&w, names, dims, config, s),

@@ -129,9 +129,8 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         if let Some(moe) = &mut config.moe {
             moe.placement = options.experts;
         }
-        let layers = config.layers;
         let model = load(&dir, config)?;
-        llama::load_notes(group, &dir, layers);
+        llama::load_notes(group, &dir, &model);
         (model, Box::new(dir), tokenizer)
     } else {
         let file = GgufFile::open(path)?;

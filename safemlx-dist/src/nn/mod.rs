@@ -33,7 +33,8 @@ pub use mla::{MlaAttention, MlaConfig, MlaNames};
 pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
     ExpertActivation, ExpertBiases, ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices,
-    ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, SharedExperts,
+    ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, Mxfp4, Mxfp4Experts,
+    SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use slot_cache::{SlotCache, SlotLayer, SlotRows};

@@ -130,6 +130,7 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: e,
+            mxfp4: None,
         })
     }
 
@@ -164,6 +165,7 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: e,
+            mxfp4: None,
         })
     }
 
@@ -294,6 +296,7 @@ impl Moe {
             score_bias,
             config,
             num_experts: experts,
+            mxfp4: None,
         })
     }
 }

@@ -5,9 +5,9 @@
 use safemlx::ops;
 use safemlx::{Array, DeviceType, Dtype, Stream};
 
-use super::config::{ExpertActivation, ExpertMatmul};
+use super::config::{ExpertActivation, ExpertMatmul, ExpertPlacement};
 use super::routing::{arange, int_array, silu, take_rows, Routing};
-use super::{Experts, Moe, MoeOutput};
+use super::{Moe, MoeOutput};
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
 use crate::typed::{chunk, partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
@@ -55,17 +55,16 @@ impl Moe {
     }
 
     /// `rows` `[r, D]` through experts `ids` `[r]` (int32, indices into
-    /// the local expert tensors `gate`, `up` `[E', D, H']`, `down`
-    /// `[E', H', D]`, with the layer's gate and up biases; `per_expert`
-    /// rows go to each), in the rows' order.
+    /// the local experts' matrices, float or MXFP4, with the layer's gate
+    /// and up biases; `per_expert` rows go to each), in the rows' order.
     fn run_experts(
         &self,
         rows: &Array,
         ids: &Array,
         per_expert: &[usize],
-        (gate, up, down): (&Array, &Array, &Array),
         s: &Stream,
     ) -> Result<Array> {
+        let mats = self.experts.matrices();
         let r = usize::try_from(rows.shape()[0]).unwrap_or(0);
         let d = rows.shape()[1];
         if r == 0 {
@@ -88,8 +87,7 @@ impl Moe {
         let out = if grouped {
             let ids = sorted_ids.as_dtype(Dtype::Uint32, s)?;
             let x = sorted_rows.expand_dims(1, s)?; // [r, 1, D]
-            let mm = |a: &Array, w: &Array| ops::gather_mm(a, w, None, &ids, true, s);
-            let (mut g, mut u) = (mm(&x, gate)?, mm(&x, up)?);
+            let (mut g, mut u) = (mats.grouped(0, &x, &ids, s)?, mats.grouped(1, &x, &ids, s)?);
             if let Some((gb, ub)) = self.hidden_biases() {
                 // [r, 1, H'] each row's expert's biases.
                 let of_rows = |b: &Array| b.take_axis(&sorted_ids, 0, s)?.expand_dims(1, s);
@@ -97,7 +95,8 @@ impl Moe {
                 u = u.add(of_rows(ub)?, s)?;
             }
             let hidden = self.activate(&g, &u, s)?;
-            mm(&hidden, down)?.reshape(&[r as i32, d], s)?
+            mats.grouped(2, &hidden, &ids, s)?
+                .reshape(&[r as i32, d], s)?
         } else {
             // One matmul per local expert on its run of rows.
             let mut outputs = Vec::new();
@@ -110,12 +109,12 @@ impl Moe {
                 let pick = |w: &Array| -> Result<Array> {
                     Ok(slice_axis(w, 0, j, 1, s)?.squeeze_axes(&[0], s)?)
                 };
-                let (mut g, mut u) = (x.matmul(pick(gate)?, s)?, x.matmul(pick(up)?, s)?);
+                let (mut g, mut u) = (mats.one(0, &x, j, s)?, mats.one(1, &x, j, s)?);
                 if let Some((gb, ub)) = self.hidden_biases() {
                     g = g.add(pick(gb)?, s)?;
                     u = u.add(pick(ub)?, s)?;
                 }
-                outputs.push(self.activate(&g, &u, s)?.matmul(pick(down)?, s)?);
+                outputs.push(mats.one(2, &self.activate(&g, &u, s)?, j, s)?);
                 start += count;
             }
             ops::concatenate_axis(&outputs, 0, s)?
@@ -168,7 +167,7 @@ impl Moe {
                 "gradients through `Moe::forward_rows` (tokens routed with all_to_all_v) are not supported yet; train with `Moe::forward` on replicated tokens, whose gradients are exact".to_owned(),
             ));
         }
-        let Experts::Parallel(weights) = self.experts.as_ref() else {
+        if self.experts.placement() != ExpertPlacement::ExpertParallel {
             return Err(Error::Shape(
                 "an expert-tensor-parallel MoE runs every token on every rank: call `forward` with replicated tokens, not `forward_rows`".to_owned(),
             ));
@@ -213,17 +212,7 @@ impl Moe {
             }
         }
         let ids = int_array(&ids);
-        let processed = self.run_experts(
-            routed.local(),
-            &ids,
-            &per_expert,
-            (
-                weights.gate.local(),
-                weights.up.local(),
-                weights.down.local(),
-            ),
-            s,
-        )?;
+        let processed = self.run_experts(routed.local(), &ids, &per_expert, s)?;
         let down_bias = self.biases.as_ref().map(|b| b.down.local());
         let processed = self.add_down_bias(processed, (&ids, first), down_bias, s)?;
         let back = as_ragged(processed)?.route_back(&plan, &dispatched, s)?;
@@ -264,16 +253,12 @@ impl Moe {
         let k = self.config.top_k as i32;
         // The slots this rank computes: a run of `order` (sorted by
         // expert), their experts as indices into the local tensors.
-        let (weights, first, experts, adds_bias) = match self.experts.as_ref() {
-            Experts::Parallel(w) => {
+        let (first, experts, adds_bias) = match self.experts.placement() {
+            ExpertPlacement::ExpertParallel => {
                 let (first, count) = chunk(self.num_experts, rank, n);
-                let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, first, first..first + count, true)
+                (first, first..first + count, true)
             }
-            Experts::TensorParallel(w) => {
-                let weights = (w.gate.local(), w.up.local(), w.down.local());
-                (weights, 0, 0..self.num_experts, rank == 0)
-            }
+            ExpertPlacement::ExpertTensorParallel => (0, 0..self.num_experts, rank == 0),
         };
         let before: usize = kept[..experts.start].iter().sum();
         let mine: usize = kept[experts.clone()].iter().sum();
@@ -281,7 +266,7 @@ impl Moe {
         let rows = take_rows(x, &order.floor_divide(Array::from_int(k), s)?, s)?;
         let ids =
             take_rows(&routing.expert, &order, s)?.subtract(Array::from_int(first as i32), s)?;
-        let computed = self.run_experts(&rows, &ids, &kept[experts], weights, s)?;
+        let computed = self.run_experts(&rows, &ids, &kept[experts], s)?;
         let down_bias = down_bias.filter(|_| adds_bias);
         let computed = self.add_down_bias(computed, (&ids, first), down_bias, s)?;
         // The other ranks' slots are zeros here.

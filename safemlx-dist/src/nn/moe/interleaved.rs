@@ -8,18 +8,22 @@
 //! H, D]`); biases `{name}_bias` `[E, 2H]` (interleaved too) and `[E, D]`;
 //! a router `{router}.weight` `[E, D]` with `{router}.bias` `[E]`.
 //!
-//! MXFP4 experts are dequantized to float32 as they are read (MLX's own
-//! `dequantize` in `mxfp4` mode): the expert matmuls run on floats.
+//! MXFP4 experts stay as stored ([`Mxfp4Experts`]) where MLX multiplies
+//! that mode on the stream's device and, under expert tensor parallelism,
+//! every rank's hidden slice is whole blocks of 32; otherwise they are
+//! dequantized to float32 as they are read (MLX's `dequantize` in `mxfp4`
+//! mode), and the layer says why ([`Moe::storage_note`]).
 
 use safemlx::ops::{dequantize_with_mode, QuantizationMode};
 use safemlx::{Array, Dtype, Stream};
 
 use super::config::{ExpertPlacement, MoeConfig};
+use super::mxfp4::{self, Mxfp4, Mxfp4Experts};
 use super::{BiasPair, ExpertBiases, ExpertSlices, ExpertWeights, Experts, HiddenBiases, Moe};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::typed::ShardedArray;
+use crate::typed::{chunk, ShardedArray};
 
 /// Where an interleaved MoE block's tensors are under its prefix (see the
 /// module docs).
@@ -66,25 +70,56 @@ fn read_matrix(
         let stored = w.along((stem, false), &[e, columns, rows], axis, &[range], s)?;
         return Ok(stored.swap_axes(1, 2, s)?.as_dtype(Dtype::Float32, s)?);
     }
-    if columns % 32 != 0 {
+    // A column cut inside a block reads every column and slices after
+    // dequantizing.
+    let (read, after) = match cut {
+        Cut::Columns((first, count)) if first % 32 != 0 || count % 32 != 0 => {
+            (Cut::Experts((0, e)), Some((first, count)))
+        }
+        other => (other, None),
+    };
+    let (packed, scales) = read_packed(w, stem, (e, rows, columns), read, s)?;
+    let values = dequantize_with_mode(&packed, &scales, None, 32, 4, QuantizationMode::MxFp4, s)?
+        .as_dtype(Dtype::Float32, s)?;
+    match after {
+        Some((first, count)) => Ok(slice_axis(&values, 2, first, count, s)?),
+        None => Ok(values),
+    }
+}
+
+/// `cut` of the MXFP4 `[E, rows, columns]` matrix `stem` (its `_blocks`
+/// and `_scales`) as MLX packs it: `uint32` `[E', rows', columns' / 8]`
+/// and `uint8` `[E', rows', columns' / 32]`.
+///
+/// # Errors
+/// Columns that are not whole blocks of 32 (a row's or the cut's), a
+/// missing tensor, or one of another shape or dtype.
+fn read_packed(
+    w: &Weights,
+    stem: &str,
+    (e, rows, columns): (usize, usize, usize),
+    cut: Cut,
+    s: &Stream,
+) -> Result<(Array, Array)> {
+    let blocks = format!("{stem}_blocks");
+    let unaligned = match cut {
+        Cut::Columns((first, count)) => first % 32 != 0 || count % 32 != 0,
+        _ => false,
+    };
+    if columns % 32 != 0 || unaligned {
         return Err(Error::Model {
             path: w.source().path().display().to_string(),
             message: format!(
-                "tensor `{}` holds MXFP4 blocks of 32 values, but its rows have {columns}",
+                "tensor `{}` holds MXFP4 blocks of 32 values: its {columns} columns, or the {cut:?} read, are not whole blocks",
                 w.name(&blocks)
             ),
         });
     }
     let groups = columns / 32;
-    // Whole blocks of a column cut are read as such; a cut inside a block
-    // reads every column and slices after dequantizing.
-    let (axis, range, after) = match cut {
-        Cut::Experts(r) => (0, r, None),
-        Cut::Rows(r) => (1, r, None),
-        Cut::Columns((first, count)) if first % 32 == 0 && count % 32 == 0 => {
-            (2, (first / 32, count / 32), None)
-        }
-        Cut::Columns(r) => (0, (0, e), Some(r)),
+    let (axis, range) = match cut {
+        Cut::Experts(r) => (0, r),
+        Cut::Rows(r) => (1, r),
+        Cut::Columns((first, count)) => (2, (first / 32, count / 32)),
     };
     let read = |name: String, shape: &[usize]| w.along((&name, true), shape, axis, &[range], s);
     let packed = read(blocks, &[e, rows, groups, 16])?;
@@ -94,12 +129,34 @@ fn read_matrix(
     let packed = packed
         .reshape(&[shape[0], shape[1], shape[2] * 16], s)?
         .view_dtype(Dtype::Uint32, s)?;
-    let values = dequantize_with_mode(&packed, &scales, None, 32, 4, QuantizationMode::MxFp4, s)?
-        .as_dtype(Dtype::Float32, s)?;
-    match after {
-        Some((first, count)) => Ok(slice_axis(&values, 2, first, count, s)?),
-        None => Ok(values),
+    Ok((packed, scales))
+}
+
+/// Whether MXFP4 experts stay as stored: MLX multiplies that mode on
+/// `s`'s device, and under expert tensor parallelism each of the `n`
+/// ranks' slices of the hidden dimension `hidden` is whole blocks of 32.
+/// The reason when not.
+fn keep_mxfp4(
+    placement: ExpertPlacement,
+    hidden: usize,
+    n: usize,
+    s: &Stream,
+) -> std::result::Result<(), String> {
+    if let Err(e) = mxfp4::supported(s) {
+        return Err(format!(
+            "MLX does not multiply MXFP4 weights on this device ({e})"
+        ));
     }
+    let whole = (0..n).all(|r| {
+        let (first, count) = chunk(hidden, r, n);
+        first % 32 == 0 && count % 32 == 0
+    });
+    if placement == ExpertPlacement::ExpertTensorParallel && !whole {
+        return Err(format!(
+            "{n} ranks' slices of the hidden dimension {hidden} cut MXFP4's blocks of 32 values (expert tensor parallel keeps them quantized when every slice is whole blocks)"
+        ));
+    }
+    Ok(())
 }
 
 /// `[E', 2k, ...]` interleaved along axis 1 into its even and odd rows,
@@ -134,7 +191,7 @@ impl Moe {
     ) -> Result<Self> {
         config.check(experts)?;
         let group = w.comm();
-        let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
+        let (h, e) = (hidden as i32, experts as i32);
         // Expert parallel: this rank's experts. Expert tensor parallel:
         // its hidden slice of every expert, whose gate and up rows are
         // the contiguous rows 2a..2c of the interleaved matrix.
@@ -153,12 +210,6 @@ impl Moe {
         };
         let router = w.full(&format!("{}.weight", names.router), &[experts, dim], s)?;
         let router_bias = w.full(&format!("{}.bias", names.router), &[experts], s)?;
-        // [E', 2H', D] -> gate, up [E', H', D] -> [E', D, H']; down [E', D, H'] -> [E', H', D].
-        let gate_up = read_matrix(w, names.gate_up, (experts, 2 * hidden, dim), gate_up_cut, s)?;
-        let (gate, up) = deinterleave(&gate_up, s)?;
-        let (gate, up) = (gate.swap_axes(1, 2, s)?, up.swap_axes(1, 2, s)?);
-        let down = read_matrix(w, names.down, (experts, dim, hidden), down_cut, s)?;
-        let down = down.swap_axes(1, 2, s)?;
         let (axis, range) = match gate_up_cut {
             Cut::Experts(r) => (0, r),
             Cut::Rows(r) | Cut::Columns(r) => (1, r),
@@ -167,29 +218,35 @@ impl Moe {
         let gate_up_bias = w.along((&name, false), &[experts, 2 * hidden], axis, &[range], s)?;
         let (gate_bias, up_bias) = deinterleave(&gate_up_bias.as_dtype(Dtype::Float32, s)?, s)?;
         let down_bias = w.full(&format!("{}_bias", names.down), &[experts, dim], s)?;
-        let (experts_part, hidden_biases) = match config.placement {
-            ExpertPlacement::ExpertParallel => (
-                Experts::Parallel(ExpertWeights {
-                    gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-                    up: ShardedArray::from_local(up, group, &[e, d, h])?,
-                    down: ShardedArray::from_local(down, group, &[e, h, d])?,
-                }),
-                HiddenBiases::Parallel(BiasPair {
-                    gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
-                    up: ShardedArray::from_local(up_bias, group, &[e, h])?,
-                }),
-            ),
-            ExpertPlacement::ExpertTensorParallel => (
-                Experts::TensorParallel(ExpertSlices {
-                    gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-                    up: ShardedArray::from_local(up, group, &[e, d, h])?,
-                    down: ShardedArray::from_local(down, group, &[e, h, d])?,
-                }),
-                HiddenBiases::TensorParallel(BiasPair {
-                    gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
-                    up: ShardedArray::from_local(up_bias, group, &[e, h])?,
-                }),
-            ),
+        let hidden_biases = match config.placement {
+            ExpertPlacement::ExpertParallel => HiddenBiases::Parallel(BiasPair {
+                gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
+                up: ShardedArray::from_local(up_bias, group, &[e, h])?,
+            }),
+            ExpertPlacement::ExpertTensorParallel => HiddenBiases::TensorParallel(BiasPair {
+                gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
+                up: ShardedArray::from_local(up_bias, group, &[e, h])?,
+            }),
+        };
+        let mxfp4 = w
+            .contains(&format!("{}_blocks", names.gate_up))
+            .then(|| keep_mxfp4(config.placement, hidden, group.size(), s));
+        let cuts = (gate_up_cut, down_cut);
+        let experts_part = match &mxfp4 {
+            Some(Ok(())) => Experts::Mxfp4(Box::new(read_mxfp4(
+                w,
+                names,
+                (dim, hidden, experts),
+                cuts,
+                s,
+            )?)),
+            _ => read_float(
+                w,
+                names,
+                (dim, hidden, experts),
+                (cuts, config.placement),
+                s,
+            )?,
         };
         Ok(Self {
             router: ShardedArray::replicated(router.transpose(s)?, group),
@@ -203,6 +260,87 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: experts,
+            mxfp4,
         })
     }
+}
+
+/// This rank's float experts (MXFP4 ones dequantized): gate and up `[E',
+/// D, H']`, down `[E', H', D]`, placed by `placement`.
+fn read_float(
+    w: &Weights,
+    names: &InterleavedNames,
+    (dim, hidden, experts): (usize, usize, usize),
+    ((gate_up_cut, down_cut), placement): ((Cut, Cut), ExpertPlacement),
+    s: &Stream,
+) -> Result<Experts> {
+    let group = w.comm();
+    let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
+    // [E', 2H', D] -> gate, up [E', H', D] -> [E', D, H']; down [E', D, H'] -> [E', H', D].
+    let gate_up = read_matrix(w, names.gate_up, (experts, 2 * hidden, dim), gate_up_cut, s)?;
+    let (gate, up) = deinterleave(&gate_up, s)?;
+    let (gate, up) = (gate.swap_axes(1, 2, s)?, up.swap_axes(1, 2, s)?);
+    let down = read_matrix(w, names.down, (experts, dim, hidden), down_cut, s)?;
+    let down = down.swap_axes(1, 2, s)?;
+    Ok(match placement {
+        ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights {
+            gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
+            up: ShardedArray::from_local(up, group, &[e, d, h])?,
+            down: ShardedArray::from_local(down, group, &[e, h, d])?,
+        }),
+        ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(ExpertSlices {
+            gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
+            up: ShardedArray::from_local(up, group, &[e, d, h])?,
+            down: ShardedArray::from_local(down, group, &[e, h, d])?,
+        }),
+    })
+}
+
+/// This rank's MXFP4 experts as stored (see [`keep_mxfp4`]): gate and up
+/// `[E', H', D]`, down `[E', D, H']`, packed.
+fn read_mxfp4(
+    w: &Weights,
+    names: &InterleavedNames,
+    (dim, hidden, experts): (usize, usize, usize),
+    (gate_up_cut, down_cut): (Cut, Cut),
+    s: &Stream,
+) -> Result<Mxfp4Experts> {
+    let group = w.comm();
+    let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
+    let (packed, scales) =
+        read_packed(w, names.gate_up, (experts, 2 * hidden, dim), gate_up_cut, s)?;
+    let ((gate_p, up_p), (gate_s, up_s)) = (deinterleave(&packed, s)?, deinterleave(&scales, s)?);
+    let (down_p, down_s) = read_packed(w, names.down, (experts, dim, hidden), down_cut, s)?;
+    if let Cut::Experts(_) = down_cut {
+        let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<Mxfp4<_>> {
+            Ok(Mxfp4 {
+                packed: ShardedArray::from_local(packed, group, &[e, rows, columns / 8])?,
+                scales: ShardedArray::from_local(scales, group, &[e, rows, columns / 32])?,
+            })
+        };
+        return Ok(Mxfp4Experts::Parallel([
+            of(gate_p, gate_s, (h, d))?,
+            of(up_p, up_s, (h, d))?,
+            of(down_p, down_s, (d, h))?,
+        ]));
+    }
+    let rows = |packed: Array, scales: Array| -> Result<Mxfp4<_>> {
+        Ok(Mxfp4 {
+            packed: ShardedArray::from_local(packed, group, &[e, h, d / 8])?,
+            scales: ShardedArray::from_local(scales, group, &[e, h, d / 32])?,
+        })
+    };
+    // The down projection's columns: each rank's hidden slice, in words
+    // of 8 values and blocks of 32.
+    let n = group.size();
+    let split =
+        |per: usize| -> Vec<usize> { (0..n).map(|r| chunk(hidden, r, n).1 / per).collect() };
+    let down = Mxfp4 {
+        packed: ShardedArray::from_local_split(down_p, group, &[e, d, h / 8], &split(8))?,
+        scales: ShardedArray::from_local_split(down_s, group, &[e, d, h / 32], &split(32))?,
+    };
+    Ok(Mxfp4Experts::TensorParallel(
+        [rows(gate_p, gate_s)?, rows(up_p, up_s)?],
+        down,
+    ))
 }

@@ -22,6 +22,7 @@ mod config;
 mod experts;
 mod forward;
 mod interleaved;
+mod mxfp4;
 mod routing;
 
 use safemlx::{Array, Stream};
@@ -32,15 +33,52 @@ use crate::typed::{Placement, Replicated, Sharded, ShardedArray};
 pub use config::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
 pub use experts::{ExpertNames, ExpertSlices, ExpertWeights};
 pub use interleaved::InterleavedNames;
+use mxfp4::ExpertMatrices;
+pub use mxfp4::{Mxfp4, Mxfp4Experts};
 
 use super::Mlp;
 use crate::grad::Parameters;
 
-/// This rank's experts, by placement.
+/// This rank's experts, by placement: float, or MXFP4 as stored.
 #[derive(Debug, Parameters)]
 enum Experts {
     Parallel(ExpertWeights),
     TensorParallel(ExpertSlices),
+    Mxfp4(Box<Mxfp4Experts>),
+}
+
+impl Experts {
+    fn placement(&self) -> config::ExpertPlacement {
+        use config::ExpertPlacement::{ExpertParallel, ExpertTensorParallel};
+        match self {
+            Self::Parallel(_) => ExpertParallel,
+            Self::TensorParallel(_) => ExpertTensorParallel,
+            Self::Mxfp4(m) => match m.as_ref() {
+                Mxfp4Experts::Parallel(_) => ExpertParallel,
+                Mxfp4Experts::TensorParallel(..) => ExpertTensorParallel,
+            },
+        }
+    }
+
+    /// The three matrices as the forward multiplies them.
+    fn matrices(&self) -> ExpertMatrices<'_> {
+        match self {
+            Self::Parallel(w) => {
+                ExpertMatrices::Float([w.gate.local(), w.up.local(), w.down.local()])
+            }
+            Self::TensorParallel(w) => {
+                ExpertMatrices::Float([w.gate.local(), w.up.local(), w.down.local()])
+            }
+            Self::Mxfp4(m) => ExpertMatrices::Mxfp4(m.locals()),
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self.matrices() {
+            ExpertMatrices::Float(m) => m.iter().map(|a| a.nbytes()).sum(),
+            ExpertMatrices::Mxfp4(m) => m.iter().map(|(p, s)| p.nbytes() + s.nbytes()).sum(),
+        }
+    }
 }
 
 /// The experts' biases (gpt-oss): the gate and up biases `[E, H]` placed
@@ -131,6 +169,9 @@ pub struct Moe {
     config: MoeConfig,
     #[parameters(skip)]
     num_experts: usize,
+    /// For MXFP4 checkpoints: kept as stored, or dequantized and why.
+    #[parameters(skip)]
+    mxfp4: Option<std::result::Result<(), String>>,
 }
 
 impl Moe {
@@ -162,18 +203,21 @@ impl Moe {
         &self.config
     }
 
+    /// Whether the experts stay quantized (MXFP4 as stored).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.experts.as_ref(), Experts::Mxfp4(_))
+    }
+
+    /// For a layer read from MXFP4 experts: `Ok` when they stay as stored,
+    /// the reason they were dequantized to float32 otherwise; `None` for
+    /// other checkpoints.
+    pub fn mxfp4_storage(&self) -> Option<&std::result::Result<(), String>> {
+        self.mxfp4.as_ref()
+    }
+
     /// Bytes of this rank's weights.
     pub fn nbytes(&self) -> usize {
-        let experts: usize = match self.experts.as_ref() {
-            Experts::Parallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
-                .iter()
-                .map(|a| a.nbytes())
-                .sum(),
-            Experts::TensorParallel(w) => [w.gate.local(), w.up.local(), w.down.local()]
-                .iter()
-                .map(|a| a.nbytes())
-                .sum(),
-        };
+        let experts = self.experts.nbytes();
         let shared = self.shared.as_ref().map_or(0, |sh| {
             sh.mlp.nbytes() + sh.gate.as_ref().map_or(0, |g| g.local().nbytes())
         });
@@ -201,6 +245,7 @@ impl Moe {
         all.extend(match self.experts.as_ref() {
             Experts::Parallel(w) => w.gather_full(s)?,
             Experts::TensorParallel(w) => w.gather_full(s)?,
+            Experts::Mxfp4(_) => unreachable!("MXFP4 layers have biases: refused above"),
         });
         Ok(all)
     }
