@@ -2,40 +2,30 @@
 //! each sequence's last logits equal those of running it alone on its own
 //! cache, at 1 to 4 ranks, for a dense Llama with 3 KV heads, Qwen3's q/k
 //! norms, Phi-3's fused tensors, Mixtral's experts, GLM-4-MoE's partial
-//! rotation and gpt-oss's attention sinks: prompt blocks in two slots, then single tokens out of slot
+//! rotation, sliding windows of 3 (Llama) and 4 (gpt-oss, with its
+//! attention sinks) that the sequences outgrow: prompt blocks in two slots, then single tokens out of slot
 //! order with a new sequence's block among them, then a slot cut back and
 //! continued.
 
 use safemlx::Stream;
-use safemlx_dist::checkpoint::{HfDirectory, Weights};
+use safemlx_dist::checkpoint::HfDirectory;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::models::{Llama, LlamaConfig};
+use safemlx_dist::models::Llama;
 use safemlx_dist::nn::{gather_logits, KvCache, SlotCache};
 use safemlx_dist::Group;
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::models::{golden, golden_dir as dir};
 
-const CASES: [&str; 6] = [
+const CASES: [&str; 7] = [
     "llama/llama-tied-kv3",
+    "llama/llama-window",
     "llama/qwen3-qknorm",
     "llama/phi3-fused",
     "moe/mixtral",
     "moe/glm4-moe",
     "moe/gpt-oss",
 ];
-
-/// The model of `case`; gpt-oss's windows widened from 4 to 16 positions
-/// (the slot cache refuses positions past a window, and the sequences
-/// here reach 8).
-fn load(group: &Group, case: &str, s: &Stream) -> Llama {
-    let files = HfDirectory::open(dir(case)).unwrap();
-    let mut config = LlamaConfig::from_hf(files.config(), case).unwrap();
-    if config.attention_sinks {
-        config.sliding_window = Some(16);
-    }
-    Llama::load(&Weights::new(&files, group), config, s).unwrap()
-}
 
 /// The last row of logits of `tokens` run alone on `cache`.
 fn alone(model: &Llama, tokens: &[u32], cache: &mut KvCache, s: &Stream) -> Vec<f32> {
@@ -65,7 +55,7 @@ fn on_slots(
 fn check(group: &Group) {
     let s = cpu();
     for case in CASES {
-        let model = load(group, case, &s);
+        let model = Llama::from_hf(group, &HfDirectory::open(dir(case)).unwrap(), &s).unwrap();
         let what = format!("{case} at {} ranks", group.size());
         let (p, _) = golden(&dir(case).join("golden.safetensors"), &s);
         let mut slots = model.new_slots(3);

@@ -115,11 +115,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // followers' loop takes this empty plan first.
     plan::share(Some(&plan::Plan::default()), bounds, &group, &s)?;
     let config = model.config();
-    let context = config
-        .sliding_window
-        .map_or(config.max_position_embeddings, |w| {
-            w.min(config.max_position_embeddings)
-        });
+    // Sliding layers mask their window over the slots' full context.
+    let context = config.max_position_embeddings;
     let kv_heads = config.kv_heads.div_ceil(group.size()).max(1);
     let settings = Settings {
         bounds,

@@ -13,6 +13,7 @@ use safemlx::{Array, Stream};
 
 use super::gqa::{GqaAttention, Rope};
 use super::slot_cache::{SlotLayer, SlotRows};
+use super::window_cache::window_mask;
 use crate::error::{Error, Result};
 use crate::typed::{Replicated, ShardedArray};
 
@@ -97,13 +98,24 @@ impl GqaAttention {
                     .reshape(&[1, len, heads, hd], s)?
                     .transpose_axes(&[0, 2, 1, 3], s)?;
                 let seen = |b: &Array| b.try_index_device((slot..slot + 1, .., 0..end), s);
-                let mask = Some(ScaledDotProductAttentionMask::Causal);
+                let seen_keys = seen(&keys)?;
+                // A sliding layer's window, when a query's reaches past it.
+                let window = match config.window {
+                    Some(w) if r.start + r.len > w => {
+                        Some(window_mask((r.start, len), (0, &seen_keys), w)?)
+                    }
+                    _ => None,
+                };
+                let mask = match &window {
+                    Some(allowed) => ScaledDotProductAttentionMask::Array(allowed),
+                    None => ScaledDotProductAttentionMask::Causal,
+                };
                 let out = safemlx::fast::scaled_dot_product_attention(
                     &q,
-                    &seen(&keys)?,
+                    &seen_keys,
                     &seen(&values)?,
                     scale,
-                    mask,
+                    Some(mask),
                     sinks.as_ref(),
                     s,
                 )?;
@@ -184,10 +196,17 @@ impl GqaAttention {
             };
             Ok(buffer.try_index_device((.., .., 0..longest), s)?)
         };
-        let mask = safemlx::ops::arange::<_, i32>(0, longest, 1, s)?
-            .reshape(&[1, longest], s)?
-            .lt(Array::from_slice(&end, &[rows, 1]), s)?
-            .reshape(&[rows, 1, 1, longest], s)?;
+        let positions =
+            safemlx::ops::arange::<_, i32>(0, longest, 1, s)?.reshape(&[1, longest], s)?;
+        let mut mask = positions.lt(Array::from_slice(&end, &[rows, 1]), s)?;
+        if let Some(w) = self.config().window {
+            // A sliding layer: each row sees its last `w` positions.
+            let w = int(w)?;
+            let first: Vec<i32> = end.iter().map(|&e| (e - w).max(0)).collect();
+            let inside = positions.ge(Array::from_slice(&first, &[rows, 1]), s)?;
+            mask = mask.logical_and(&inside, s)?;
+        }
+        let mask = mask.reshape(&[rows, 1, 1, longest], s)?;
         let out = safemlx::fast::scaled_dot_product_attention(
             &q,
             &seen(keys)?,

@@ -33,7 +33,7 @@ impl Llama {
     /// # Errors
     /// No sequence, a slot out of range or named twice, a sequence
     /// without tokens, a cache made for another model, a token outside the
-    /// vocabulary, positions beyond Mistral's window, or an MLX error.
+    /// vocabulary, or an MLX error.
     pub fn forward_last_slots(
         &self,
         batch: &[(usize, &[u32])],
@@ -48,7 +48,8 @@ impl Llama {
                 cache.layers()
             )));
         }
-        let rows = cache.rows(batch, self.config.sliding_window)?;
+        // Sliding layers mask their window; the slots keep every position.
+        let rows = cache.rows(batch, None)?;
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let slots = cache.slots();
         let x = self.layers_with(&all, s, |i, attention, x| match attention {
