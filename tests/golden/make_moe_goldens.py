@@ -128,7 +128,7 @@ CASES = {
     # full-attention layer (the prompt is longer), YaRN.
     "gpt-oss": dict(model_type="gpt_oss", hidden_size=64, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    intermediate_size=64, num_local_experts=6,
+                    intermediate_size=96, num_local_experts=6,
                     num_experts_per_tok=3, sliding_window=4,
                     layer_types=["sliding_attention", "full_attention",
                                  "sliding_attention"],

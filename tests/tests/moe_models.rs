@@ -93,10 +93,11 @@ fn check_case(group: &Group, case: &str, about: &str, placement: ExpertPlacement
     let (prompt, want) = golden(&golden_dir(case).join("golden.safetensors"), &s);
     check_logits(&model, &prompt, &want, &what);
     if case == "gpt-oss" {
-        // MXFP4 experts stay as stored unless a rank's slice of the hidden
-        // dimension (64) cuts a block of 32: expert tensor parallel at 3
-        // and 4 ranks.
-        let whole = placement == ExpertPlacement::ExpertParallel || n <= 2;
+        // MXFP4 experts stay as stored unless expert tensor parallel
+        // leaves a rank without a block of the hidden dimension's three
+        // (4 ranks); 2 ranks split them 2 + 1 (64 + 32, not the chunk
+        // rule's 48 + 48).
+        let whole = placement == ExpertPlacement::ExpertParallel || n <= 3;
         assert_eq!(model.is_quantized(), whole, "{what}");
     }
     if let Some(mla) = model.config().mla {
@@ -299,7 +300,7 @@ fn generate_runs_mixtral_qwen3_moe_glm4_moe_deepseek_v3_and_gpt_oss_with_check()
             }
             if case == "gpt-oss" {
                 // Expert tensor parallel over 2 ranks splits the hidden
-                // dimension 64 into whole blocks of 32: kept too.
+                // dimension 96 into whole blocks of 32: kept too.
                 let note = "gpt-oss: keeping the MXFP4 experts of 3 layers as stored (MLX's mxfp4 quantized matmuls)";
                 assert!(all.contains(note), "{case}: no `{note}`:\n{all}");
                 assert!(!all.contains("[rank 1] model"), "{case}: {all}");
@@ -353,8 +354,8 @@ fn configurations_that_disagree_with_the_experts_name_the_tensor_or_key() {
         "model DIR: config.json has no \"num_experts\""
     );
     assert_eq!(
-        error_with_config("gpt-oss", "hidden", |j| j["intermediate_size"] = 96.into()),
-        "model DIR: tensor `model.layers.0.mlp.experts.gate_up_proj_bias` has shape [6, 128] but the configuration gives [6, 192]"
+        error_with_config("gpt-oss", "hidden", |j| j["intermediate_size"] = 128.into()),
+        "model DIR: tensor `model.layers.0.mlp.experts.gate_up_proj_bias` has shape [6, 192] but the configuration gives [6, 256]"
     );
     assert_eq!(
         error_with_config("gpt-oss", "limit", |j| j["swiglu_limit"] = (-1.0).into()),

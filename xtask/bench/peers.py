@@ -27,6 +27,12 @@
                                  kv_lora_rank 256, 32 experts of 512 in 4
                                  groups, top-4, 1 shared expert, layer 0
                                  dense) for `cargo xtask bench moe`
+    peers.py make-gpt-oss DIR TOKENIZER_DIR
+                                 a random gpt-oss-shaped model as OpenAI
+                                 ships one (D 1024, 8 layers, 16 heads of
+                                 64, 4 KV heads, windows of 128 on every
+                                 second layer, sinks, biases, 32 MXFP4
+                                 experts of 512, top-4)
     peers.py moe-peer DIR OUT PROMPT DECODE THREADS [REPEATS]
                                  mlx-lm on DIR, as `run` does (REPEATS timed
                                  runs after a warm-up, 3 by default)
@@ -250,6 +256,65 @@ def make_deepseek(out, tokenizer_dir):
         shutil.copy(Path(tokenizer_dir) / name, out / name)
 
 
+def make_gpt_oss(out, tokenizer_dir):
+    """A random gpt-oss-shaped model as OpenAI ships one: MXFP4 experts
+    (quantized by MLX), biases, sinks, sliding and full layers."""
+    import mlx.core as mx
+    from safetensors.numpy import save_file
+    import shutil
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    d, heads, kv, hd, e, h, v, layers = 1024, 16, 4, 64, 32, 512, 320, 8
+    config = {"model_type": "gpt_oss", "vocab_size": v, "hidden_size": d,
+              "intermediate_size": h, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+              "num_local_experts": e, "num_experts_per_tok": 4, "sliding_window": 128,
+              "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+              "attention_bias": True, "swiglu_limit": 7.0, "rms_norm_eps": 1e-5,
+              "rope_theta": 150000.0,
+              "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "original_max_position_embeddings": 4096},
+              "max_position_embeddings": 131072, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+              "quantization_config": {"quant_method": "mxfp4"}}
+    rng = np.random.default_rng(2)
+
+    def w(*shape, scale=0.03):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+    def mxfp4(a):
+        packed, scales = mx.quantize(mx.array(a), group_size=32, bits=4, mode="mxfp4")
+        shape = a.shape[:-1] + (a.shape[-1] // 32, 16)
+        return np.array(packed).view(np.uint8).reshape(shape), np.array(scales)
+
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1.0 + w(d),
+         "lm_head.weight": w(v, d)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+        for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+            t[a + name + ".weight"] = w(rows, d)
+            t[a + name + ".bias"] = w(rows)
+        t[a + "o_proj.weight"] = w(d, heads * hd)
+        t[a + "o_proj.bias"] = w(d)
+        t[a + "sinks"] = w(heads, scale=1.0)
+        m = p + "mlp."
+        t[m + "router.weight"] = w(e, d, scale=0.5)
+        t[m + "router.bias"] = w(e, scale=0.1)
+        blocks, scales = mxfp4(w(e, 2 * h, d))
+        t[m + "experts.gate_up_proj_blocks"], t[m + "experts.gate_up_proj_scales"] = blocks, scales
+        t[m + "experts.gate_up_proj_bias"] = w(e, 2 * h)
+        blocks, scales = mxfp4(w(e, d, h))
+        t[m + "experts.down_proj_blocks"], t[m + "experts.down_proj_scales"] = blocks, scales
+        t[m + "experts.down_proj_bias"] = w(e, d)
+    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(Path(tokenizer_dir) / name, out / name)
+
+
 def blas():
     """The BLAS MLX runs on in this process: "openblas" when preloaded."""
     return "openblas" if "openblas" in os.environ.get("LD_PRELOAD", "") else "bundled"
@@ -259,12 +324,18 @@ def moe_peer(hf_dir, out, n_prompt, decode, threads, repeats="3"):
     ids, decode = prompt(int(n_prompt), 320), int(decode)
     pre, dec = run_mlx_lm(hf_dir, ids, decode, int(repeats))
     row = {"impl": "mlx-lm", "backend": "none", "ranks": 1, "threads": threads,
-           "model": hf_dir, "weights": "f32", "prompt_tokens": len(ids),
+           "model": hf_dir, "weights": weights(hf_dir), "prompt_tokens": len(ids),
            "decode_tokens": decode, "prefill_tokens_per_s": len(ids) / median(pre),
            "decode_tokens_per_s": median(dec), "blas": blas()}
     with open(out, "a") as f:
         print(json.dumps(row))
         f.write(json.dumps(row) + "\n")
+
+
+def weights(hf_dir):
+    """The experts' stored form: "mxfp4" for gpt-oss as shipped, else "f32"."""
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    return config.get("quantization_config", {}).get("quant_method", "f32")
 
 
 def median(v):
@@ -369,6 +440,8 @@ def main():
         return graph_mlx_lm(*sys.argv[2:6])
     if sys.argv[1] == "make-deepseek":
         return make_deepseek(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make-gpt-oss":
+        return make_gpt_oss(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "moe-peer":
         return moe_peer(*sys.argv[2:8])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]

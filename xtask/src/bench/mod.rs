@@ -20,7 +20,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("collectives") | None => collectives::run(),
         Some("layers") => layers::run(),
         Some("generate") => generate::run(),
-        Some("moe") => moe::run(),
+        Some("moe") => moe::run(args.get(1).map(String::as_str)),
         Some("serve") => serve::run(args.get(1).is_some_and(|a| a == "--peers-only")),
         Some("train") => train::run(),
         Some(other) => Err(format!(

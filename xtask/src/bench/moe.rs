@@ -8,7 +8,10 @@
 //! grouped routing): one rank beside mlx-lm five times interleaved, the
 //! machine's two-process ceiling (two one-rank runs started together), and
 //! 2 and 4 ranks on ring and MPI in both placements, with the latent
-//! cache's bytes per token beside a per-head cache's. JSON lines in
+//! cache's bytes per token beside a per-head cache's; then the same rows
+//! for a random gpt-oss-shaped model (MXFP4 experts kept as stored on
+//! both sides, sinks, windows). `cargo xtask bench moe deepseek` or
+//! `... moe gpt-oss` runs only that model's rows. JSON lines in
 //! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
 //! `"impl"`), then a table and the targets' ratios.
 
@@ -41,7 +44,47 @@ const PROMPT: &str = "128";
 const DECODE: &str = "32";
 const PLACEMENTS: [&str; 2] = ["parallel", "tensor-parallel"];
 
-pub fn run() -> Result<(), String> {
+/// A random model of a family's shape, made once into the cache by the
+/// peers' Python.
+struct Shaped {
+    /// Its directory under the cache's `models/`, and what rows match.
+    dir: &'static str,
+    /// The name rows and messages use.
+    name: &'static str,
+    /// `peers.py`'s command that writes it.
+    make: &'static str,
+    /// The golden model whose tokenizer it copies.
+    tokenizer: &'static str,
+}
+
+const SHAPED: [Shaped; 2] = [
+    Shaped {
+        dir: "deepseek-v3-small-random",
+        name: "deepseek",
+        make: "make-deepseek",
+        tokenizer: "tests/golden/moe/deepseek-v3",
+    },
+    Shaped {
+        dir: "gpt-oss-small-random",
+        name: "gpt-oss",
+        make: "make-gpt-oss",
+        tokenizer: "tests/golden/moe/gpt-oss",
+    },
+];
+
+/// `only`: `deepseek` or `gpt-oss` runs that model's rows alone.
+pub fn run(only: Option<&str>) -> Result<(), String> {
+    if let Some(name) = only {
+        let Some(shaped) = SHAPED.iter().find(|m| m.name == name) else {
+            return Err(format!(
+                "bench moe takes no argument, `deepseek` or `gpt-oss`; got {name:?}"
+            ));
+        };
+        let (release, out) = prepare(&format!("moe-{name}.jsonl"))?;
+        shaped_rows(shaped, &release, &peers_python()?, &out)?;
+        report(&finish(&out)?);
+        return Ok(());
+    }
     let (release, out) = prepare("moe.jsonl")?;
     let mut dense = LAYER.to_vec();
     dense.extend(ITERS);
@@ -114,22 +157,22 @@ pub fn run() -> Result<(), String> {
         }
         cmd::run(peer)?;
     }
-    deepseek(&release, &python, &out)?;
+    for shaped in &SHAPED {
+        shaped_rows(shaped, &release, &python, &out)?;
+    }
     report(&finish(&out)?);
     Ok(())
 }
 
-/// The DeepSeek-V3-shaped model's rows (see the module's comment).
-fn deepseek(release: &Path, python: &Path, out: &Path) -> Result<(), String> {
-    let model = cmd::cache_root()
-        .join("models")
-        .join("deepseek-v3-small-random");
+/// A family-shaped model's rows (see the module's comment).
+fn shaped_rows(shaped: &Shaped, release: &Path, python: &Path, out: &Path) -> Result<(), String> {
+    let model = cmd::cache_root().join("models").join(shaped.dir);
     if !model.join("config.json").is_file() {
         let mut make = Command::new(python);
         make.arg(cmd::root().join("xtask/bench/peers.py"))
-            .arg("make-deepseek")
+            .arg(shaped.make)
             .arg(&model)
-            .arg(cmd::root().join("tests/golden/moe/deepseek-v3"));
+            .arg(cmd::root().join(shaped.tokenizer));
         cmd::run(make)?;
     }
     let path = model.display().to_string();
@@ -165,7 +208,7 @@ fn deepseek(release: &Path, python: &Path, out: &Path) -> Result<(), String> {
         }
         cmd::run(peer)?;
     }
-    ceiling(release, &strs(&args(PLACEMENTS[0], "3")), out)?;
+    ceiling(release, &strs(&args(PLACEMENTS[0], "3")), out, shaped.name)?;
     for backend in ["ring", "mpi"] {
         for ranks in ["2", "4"] {
             for placement in PLACEMENTS {
@@ -183,11 +226,11 @@ fn strs(a: &[String]) -> Vec<&str> {
 }
 
 /// What two processes get at all on this machine: two one-rank runs of
-/// `bench_generate ARGS` started together; one row `"impl": "ceiling"`
-/// with the sum of their tokens/s.
-fn ceiling(release: &Path, args: &[&str], out: &Path) -> Result<(), String> {
+/// `bench_generate ARGS` (on model `name`) started together; one row
+/// `"impl": "ceiling"` with the sum of their tokens/s.
+fn ceiling(release: &Path, args: &[&str], out: &Path, name: &str) -> Result<(), String> {
     let parts: Vec<_> = (0..2)
-        .map(|i| out.with_file_name(format!("moe-ceiling-{i}.jsonl")))
+        .map(|i| out.with_file_name(format!("moe-ceiling-{name}-{i}.jsonl")))
         .collect();
     let children = parts
         .iter()
@@ -355,7 +398,9 @@ fn report(rows: &[Value]) {
             );
         }
     }
-    report_deepseek(rows);
+    for shaped in &SHAPED {
+        report_shaped(rows, shaped.name);
+    }
     let decode = |ranks, placement| {
         model(rows, "mpi", ranks, placement).and_then(|r| r["decode_tokens_per_s"].as_f64())
     };
@@ -371,27 +416,31 @@ fn report(rows: &[Value]) {
     }
 }
 
-/// The DeepSeek-shaped model's targets: one rank vs mlx-lm, two MPI ranks
-/// vs the two-process ceiling, and the cache's bytes per token.
-fn report_deepseek(rows: &[Value]) {
-    let ours = |r: &Value| r["impl"] == "safemlx-dist" && is_model(r, "deepseek");
+/// A family-shaped model's targets: one rank vs mlx-lm, two MPI ranks vs
+/// the two-process ceiling, and the cache's bytes per token.
+fn report_shaped(rows: &[Value], name: &str) {
+    let ours = |r: &Value| r["impl"] == "safemlx-dist" && is_model(r, name);
     let one = |r: &Value| ours(r) && r["ranks"].as_u64() == Some(1);
-    let peer = |r: &Value| r["impl"] == "mlx-lm" && is_model(r, "deepseek");
+    let peer = |r: &Value| r["impl"] == "mlx-lm" && is_model(r, name);
     let decode = "decode_tokens_per_s";
     if let Some(row) = rows.iter().find(|r| one(r)) {
         println!(
-            "deepseek-shaped: KV cache {} bytes per token per rank (latent); a per-head cache would hold {}",
+            "{name}-shaped: KV cache {} bytes per token per rank; a per-head cache would hold {}",
             row["cache_bytes_per_token"], row["per_head_cache_bytes_per_token"]
         );
     }
     let (alone, mlx_lm) = (median_of(rows, one, decode), median_of(rows, peer, decode));
     if let (Some(a), Some(m)) = (alone, mlx_lm) {
         println!(
-            "target: deepseek-shaped decode, 1 rank vs mlx-lm (OpenBLAS, medians of 5 interleaved runs): {a:.1} vs {m:.1} tokens/s = {:.2}x (goal >= 0.9x)",
+            "target: {name}-shaped decode, 1 rank vs mlx-lm (OpenBLAS, medians of 5 interleaved runs): {a:.1} vs {m:.1} tokens/s = {:.2}x (goal >= 0.9x)",
             a / m
         );
     }
-    let ceiling = median_of(rows, |r| r["impl"] == "ceiling", decode);
+    let ceiling = median_of(
+        rows,
+        |r| r["impl"] == "ceiling" && is_model(r, name),
+        decode,
+    );
     let best = ["expert parallel", "expert tensor parallel"]
         .into_iter()
         .filter_map(|p| {
@@ -406,7 +455,7 @@ fn report_deepseek(rows: &[Value]) {
         .max_by(|a, b| a.0.total_cmp(&b.0));
     if let (Some((two, placement)), Some(a), Some(c)) = (best, alone, ceiling) {
         println!(
-            "target: deepseek-shaped decode, MPI x2 ({placement}) vs 1 rank: {:.2}x; the ceiling (two 1-rank runs together) {:.2}x; ratio {:.2} (goal >= 0.7)",
+            "target: {name}-shaped decode, MPI x2 ({placement}) vs 1 rank: {:.2}x; the ceiling (two 1-rank runs together) {:.2}x; ratio {:.2} (goal >= 0.7)",
             two / a,
             c / a,
             (two / a) / (c / a)

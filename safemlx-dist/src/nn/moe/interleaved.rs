@@ -10,9 +10,10 @@
 //!
 //! MXFP4 experts stay as stored ([`Mxfp4Experts`]) where MLX multiplies
 //! that mode on the stream's device and, under expert tensor parallelism,
-//! every rank's hidden slice is whole blocks of 32; otherwise they are
+//! every rank gets a block of 32 of the hidden dimension (the hidden
+//! dimension then splits by whole blocks); otherwise they are
 //! dequantized to float32 as they are read (MLX's `dequantize` in `mxfp4`
-//! mode), and the layer says why ([`Moe::storage_note`]).
+//! mode), and the layer says why ([`Moe::mxfp4_storage`]).
 
 use safemlx::ops::{dequantize_with_mode, QuantizationMode};
 use safemlx::{Array, Dtype, Stream};
@@ -133,9 +134,9 @@ fn read_packed(
 }
 
 /// Whether MXFP4 experts stay as stored: MLX multiplies that mode on
-/// `s`'s device, and under expert tensor parallelism each of the `n`
-/// ranks' slices of the hidden dimension `hidden` is whole blocks of 32.
-/// The reason when not.
+/// `s`'s device and, under expert tensor parallelism, each of the `n`
+/// ranks gets a block of 32 of the hidden dimension `hidden`. The reason
+/// when not.
 fn keep_mxfp4(
     placement: ExpertPlacement,
     hidden: usize,
@@ -147,16 +148,24 @@ fn keep_mxfp4(
             "MLX does not multiply MXFP4 weights on this device ({e})"
         ));
     }
-    let whole = (0..n).all(|r| {
-        let (first, count) = chunk(hidden, r, n);
-        first % 32 == 0 && count % 32 == 0
-    });
-    if placement == ExpertPlacement::ExpertTensorParallel && !whole {
+    if placement == ExpertPlacement::ExpertTensorParallel && n > hidden / 32 {
         return Err(format!(
-            "{n} ranks' slices of the hidden dimension {hidden} cut MXFP4's blocks of 32 values (expert tensor parallel keeps them quantized when every slice is whole blocks)"
+            "expert tensor parallel over {n} ranks splits the hidden dimension {hidden} by MXFP4's blocks of 32, and there are only {}",
+            hidden / 32
         ));
     }
     Ok(())
+}
+
+/// Each of `n` ranks' share of the hidden dimension under expert tensor
+/// parallelism: the chunk rule, or whole blocks of 32 by the chunk rule
+/// over the blocks (experts kept in MXFP4: 2880 over 4 ranks is 736 +
+/// 736 + 704 + 704).
+fn hidden_split(hidden: usize, n: usize, blocks: bool) -> Vec<usize> {
+    match blocks {
+        true => (0..n).map(|r| 32 * chunk(hidden / 32, r, n).1).collect(),
+        false => (0..n).map(|r| chunk(hidden, r, n).1).collect(),
+    }
 }
 
 /// `[E', 2k, ...]` interleaved along axis 1 into its even and odd rows,
@@ -175,8 +184,9 @@ impl Moe {
     /// Reads this rank's part of an interleaved MoE block (`w` at e.g.
     /// `model.layers.3.mlp`, tensors named by `names`; see the module
     /// docs), each rank reading only its experts (expert parallel) or its
-    /// hidden slice of every expert (expert tensor parallel; MXFP4 down
-    /// projections whose slice cuts a block of 32 are read whole).
+    /// hidden slice of every expert (expert tensor parallel: whole blocks
+    /// of 32 for experts kept in MXFP4; a dequantized down projection
+    /// whose slice cuts a block is read whole).
     ///
     /// # Errors
     /// A missing tensor, one whose shape or dtype disagrees with `(dim,
@@ -192,6 +202,11 @@ impl Moe {
         config.check(experts)?;
         let group = w.comm();
         let (h, e) = (hidden as i32, experts as i32);
+        let (rank, n) = (group.rank(), group.size());
+        let mxfp4 = w
+            .contains(&format!("{}_blocks", names.gate_up))
+            .then(|| keep_mxfp4(config.placement, hidden, n, s));
+        let split = hidden_split(hidden, n, matches!(mxfp4, Some(Ok(()))));
         // Expert parallel: this rank's experts. Expert tensor parallel:
         // its hidden slice of every expert, whose gate and up rows are
         // the contiguous rows 2a..2c of the interleaved matrix.
@@ -201,7 +216,7 @@ impl Moe {
                 (Cut::Experts(part), Cut::Experts(part))
             }
             ExpertPlacement::ExpertTensorParallel => {
-                let (first, count) = w.chunk(hidden);
+                let (first, count) = (split[..rank].iter().sum::<usize>(), split[rank]);
                 (
                     Cut::Rows((2 * first, 2 * count)),
                     Cut::Columns((first, count)),
@@ -224,14 +239,11 @@ impl Moe {
                 up: ShardedArray::from_local(up_bias, group, &[e, h])?,
             }),
             ExpertPlacement::ExpertTensorParallel => HiddenBiases::TensorParallel(BiasPair {
-                gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
-                up: ShardedArray::from_local(up_bias, group, &[e, h])?,
+                gate: ShardedArray::from_local_split(gate_bias, group, &[e, h], &split)?,
+                up: ShardedArray::from_local_split(up_bias, group, &[e, h], &split)?,
             }),
         };
-        let mxfp4 = w
-            .contains(&format!("{}_blocks", names.gate_up))
-            .then(|| keep_mxfp4(config.placement, hidden, group.size(), s));
-        let cuts = (gate_up_cut, down_cut);
+        let cuts = (gate_up_cut, down_cut, &split[..]);
         let experts_part = match &mxfp4 {
             Some(Ok(())) => Experts::Mxfp4(Box::new(read_mxfp4(
                 w,
@@ -271,7 +283,7 @@ fn read_float(
     w: &Weights,
     names: &InterleavedNames,
     (dim, hidden, experts): (usize, usize, usize),
-    ((gate_up_cut, down_cut), placement): ((Cut, Cut), ExpertPlacement),
+    ((gate_up_cut, down_cut, split), placement): ((Cut, Cut, &[usize]), ExpertPlacement),
     s: &Stream,
 ) -> Result<Experts> {
     let group = w.comm();
@@ -289,9 +301,9 @@ fn read_float(
             down: ShardedArray::from_local(down, group, &[e, h, d])?,
         }),
         ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(ExpertSlices {
-            gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-            up: ShardedArray::from_local(up, group, &[e, d, h])?,
-            down: ShardedArray::from_local(down, group, &[e, h, d])?,
+            gate: ShardedArray::from_local_split(gate, group, &[e, d, h], split)?,
+            up: ShardedArray::from_local_split(up, group, &[e, d, h], split)?,
+            down: ShardedArray::from_local_split(down, group, &[e, h, d], split)?,
         }),
     })
 }
@@ -302,7 +314,7 @@ fn read_mxfp4(
     w: &Weights,
     names: &InterleavedNames,
     (dim, hidden, experts): (usize, usize, usize),
-    (gate_up_cut, down_cut): (Cut, Cut),
+    (gate_up_cut, down_cut, split): (Cut, Cut, &[usize]),
     s: &Stream,
 ) -> Result<Mxfp4Experts> {
     let group = w.comm();
@@ -326,18 +338,16 @@ fn read_mxfp4(
     }
     let rows = |packed: Array, scales: Array| -> Result<Mxfp4<_>> {
         Ok(Mxfp4 {
-            packed: ShardedArray::from_local(packed, group, &[e, h, d / 8])?,
-            scales: ShardedArray::from_local(scales, group, &[e, h, d / 32])?,
+            packed: ShardedArray::from_local_split(packed, group, &[e, h, d / 8], split)?,
+            scales: ShardedArray::from_local_split(scales, group, &[e, h, d / 32], split)?,
         })
     };
-    // The down projection's columns: each rank's hidden slice, in words
-    // of 8 values and blocks of 32.
-    let n = group.size();
-    let split =
-        |per: usize| -> Vec<usize> { (0..n).map(|r| chunk(hidden, r, n).1 / per).collect() };
+    // The down projection's columns: each rank's hidden slice (whole
+    // blocks), in words of 8 values and blocks of 32.
+    let per = |n: usize| -> Vec<usize> { split.iter().map(|c| c / n).collect() };
     let down = Mxfp4 {
-        packed: ShardedArray::from_local_split(down_p, group, &[e, d, h / 8], &split(8))?,
-        scales: ShardedArray::from_local_split(down_s, group, &[e, d, h / 32], &split(32))?,
+        packed: ShardedArray::from_local_split(down_p, group, &[e, d, h / 8], &per(8))?,
+        scales: ShardedArray::from_local_split(down_s, group, &[e, d, h / 32], &per(32))?,
     };
     Ok(Mxfp4Experts::TensorParallel(
         [rows(gate_p, gate_s)?, rows(up_p, up_s)?],
