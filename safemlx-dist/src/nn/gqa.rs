@@ -435,14 +435,22 @@ impl GqaAttention {
         let offset = cache.len();
         let q = self.config.rope.apply(&q, offset, s)?;
         let k = self.config.rope.apply(&k, offset, s)?;
-        let (keys, values) = cache.append(&k, &v, s)?;
+        let (mut keys, mut values) = cache.append(&k, &v, s)?;
         let scale = 1.0 / (self.config.head_dim as f32).sqrt();
         // A window mask only when some held key is outside a query's
-        // window: otherwise causal attention is the same.
+        // window: otherwise causal attention is the same. One query (a
+        // decode step) reads its window's keys instead.
         let first = cache.first_held();
         let window = match self.config.window {
             Some(w) if offset + t as usize - 1 - first.min(offset) >= w => {
-                Some(window_mask((offset, t), (first, &keys), w)?)
+                if t == 1 {
+                    let held = usize::try_from(keys.shape()[2]).unwrap_or(0);
+                    let last = |a: &Array| slice_axis(a, 2, held - w, w, s);
+                    (keys, values) = (last(&keys)?, last(&values)?);
+                    None
+                } else {
+                    Some(window_mask((offset, t), (first, &keys), w)?)
+                }
             }
             _ => None,
         };

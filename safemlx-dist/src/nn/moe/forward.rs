@@ -98,26 +98,34 @@ impl Moe {
             mats.grouped(2, &hidden, &ids, s)?
                 .reshape(&[r as i32, d], s)?
         } else {
-            // One matmul per local expert on its run of rows.
-            let mut outputs = Vec::new();
-            let mut start = 0;
-            for (j, &count) in per_expert.iter().enumerate() {
-                if count == 0 {
-                    continue;
-                }
-                let x = slice_axis(&sorted_rows, 0, start, count, s)?;
-                let pick = |w: &Array| -> Result<Array> {
-                    Ok(slice_axis(w, 0, j, 1, s)?.squeeze_axes(&[0], s)?)
-                };
-                let (mut g, mut u) = (mats.one(0, &x, j, s)?, mats.one(1, &x, j, s)?);
-                if let Some((gb, ub)) = self.hidden_biases() {
-                    g = g.add(pick(gb)?, s)?;
-                    u = u.add(pick(ub)?, s)?;
-                }
-                outputs.push(mats.one(2, &self.activate(&g, &u, s)?, j, s)?);
-                start += count;
+            // One matmul per local expert on its run of rows; the biases
+            // and the activation once over all rows (few ops per step
+            // matter when a decode step routes one token).
+            let runs: Vec<(usize, usize, usize)> = per_expert
+                .iter()
+                .enumerate()
+                .scan(0, |start, (j, &count)| {
+                    let run = (j, *start, count);
+                    *start += count;
+                    Some(run)
+                })
+                .filter(|&(_, _, count)| count > 0)
+                .collect();
+            let project = |which: usize, x: &Array| -> Result<Array> {
+                let parts = runs
+                    .iter()
+                    .map(|&(j, start, count)| {
+                        mats.one(which, &slice_axis(x, 0, start, count, s)?, j, s)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(ops::concatenate_axis(&parts, 0, s)?)
+            };
+            let (mut g, mut u) = (project(0, &sorted_rows)?, project(1, &sorted_rows)?);
+            if let Some((gb, ub)) = self.hidden_biases() {
+                g = g.add(gb.take_axis(&sorted_ids, 0, s)?, s)?;
+                u = u.add(ub.take_axis(&sorted_ids, 0, s)?, s)?;
             }
-            ops::concatenate_axis(&outputs, 0, s)?
+            project(2, &self.activate(&g, &u, s)?)?
         };
         // Back to the rows' order.
         Ok(out.take_axis(ops::argsort(&perm, s)?, 0, s)?)
