@@ -104,6 +104,33 @@ pub struct MoeSettings {
 }
 
 impl MoeSettings {
+    /// `experts` experts of hidden size `hidden` in every layer, each
+    /// token's `top_k` chosen on the router's logits and gated by their
+    /// softmax (Mixtral's and gpt-oss's routing), SwiGLU, expert parallel;
+    /// `block` and `layout` place and name the tensors.
+    pub(super) fn top_k_softmax(
+        (experts, top_k, hidden): (usize, usize, usize),
+        block: &'static str,
+        layout: ExpertLayout,
+    ) -> Self {
+        Self {
+            experts,
+            top_k,
+            hidden,
+            gating: Gating::TopKSoftmax,
+            routed_scaling: 1.0,
+            first_dense: 0,
+            shared_hidden: None,
+            sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            block,
+            layout,
+            activation: ExpertActivation::Swiglu,
+            placement: ExpertPlacement::ExpertParallel,
+            expert_matmul: ExpertMatmul::Auto,
+        }
+    }
+
     /// Whether layer `i` is an MoE layer (the others have a dense MLP of
     /// `intermediate_size`).
     pub fn is_moe_layer(&self, i: usize) -> bool {

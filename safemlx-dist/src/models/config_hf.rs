@@ -117,22 +117,15 @@ impl LlamaConfig {
             None => Vec::new(),
         };
         let moe = match family {
-            Family::Mixtral => Some(MoeSettings {
-                experts: need("num_local_experts")?,
-                top_k: need("num_experts_per_tok")?,
-                hidden: need("intermediate_size")?,
-                gating: Gating::TopKSoftmax,
-                routed_scaling: 1.0,
-                first_dense: 0,
-                shared_hidden: None,
-                sparse_step: 1,
-                mlp_only_layers: Vec::new(),
-                block: "block_sparse_moe.",
-                layout: ExpertLayout::PerExpert(super::llama::MIXTRAL_EXPERTS),
-                activation: ExpertActivation::Swiglu,
-                placement: ExpertPlacement::ExpertParallel,
-                expert_matmul: ExpertMatmul::Auto,
-            }),
+            Family::Mixtral => Some(MoeSettings::top_k_softmax(
+                (
+                    need("num_local_experts")?,
+                    need("num_experts_per_tok")?,
+                    need("intermediate_size")?,
+                ),
+                "block_sparse_moe.",
+                ExpertLayout::PerExpert(super::llama::MIXTRAL_EXPERTS),
+            )),
             Family::Qwen2Moe | Family::Qwen3Moe => {
                 let mlp_only_layers = match json.get("mlp_only_layers") {
                     None | Some(Value::Null) => Vec::new(),

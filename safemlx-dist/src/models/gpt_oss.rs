@@ -26,7 +26,7 @@
 use super::config::{ExpertLayout, MoeSettings};
 use super::config_keys::Keys;
 use crate::error::Result;
-use crate::nn::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, InterleavedNames};
+use crate::nn::{ExpertActivation, InterleavedNames};
 
 /// A layer's MoE tensors under `mlp`.
 pub(super) const EXPERTS: InterleavedNames = InterleavedNames {
@@ -50,24 +50,17 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<MoeSettings> {
             "\"swiglu_limit\" is {limit}; it must be a finite number above 0"
         )));
     }
+    let dims = (
+        keys.need("num_local_experts")?,
+        keys.need("num_experts_per_tok")?,
+        keys.need("intermediate_size")?,
+    );
     Ok(MoeSettings {
-        experts: keys.need("num_local_experts")?,
-        top_k: keys.need("num_experts_per_tok")?,
-        hidden: keys.need("intermediate_size")?,
-        gating: Gating::TopKSoftmax,
-        routed_scaling: 1.0,
-        first_dense: 0,
-        shared_hidden: None,
-        sparse_step: 1,
-        mlp_only_layers: Vec::new(),
-        block: "mlp.",
-        layout: ExpertLayout::Interleaved(EXPERTS),
         activation: ExpertActivation::ClampedSwiglu {
             alpha: ALPHA,
             limit,
         },
-        placement: ExpertPlacement::ExpertParallel,
-        expert_matmul: ExpertMatmul::Auto,
+        ..MoeSettings::top_k_softmax(dims, "mlp.", ExpertLayout::Interleaved(EXPERTS))
     })
 }
 

@@ -35,9 +35,10 @@ impl Moe {
         self.biases.as_ref().map(|b| b.hidden.locals())
     }
 
-    /// `out` `[r, D]` plus the down bias of each row's expert (`ids` `[r]`
-    /// local to the experts from `first`), when the layer has one and
-    /// `adds`; `bias` is the `[E, D]` bias (the caller's traced copy).
+    /// `out` `[r, D]` plus the down bias `[E, D]` of each row's expert
+    /// (`ids` `[r]` local to the experts from `first`); `bias` is the
+    /// caller's traced copy, `None` where the layer has none or this rank
+    /// does not add it.
     fn add_down_bias(
         &self,
         out: Array,
