@@ -169,14 +169,20 @@ fn hidden_split(hidden: usize, n: usize, blocks: bool) -> Vec<usize> {
 }
 
 /// `[E', 2k, ...]` interleaved along axis 1 into its even and odd rows,
-/// `[E', k, ...]` each.
+/// `[E', k, ...]` each, contiguous: a strided view would be copied again
+/// by every matmul that reads it (MXFP4's `quantized_matmul` takes rows
+/// in order), on every step.
 fn deinterleave(a: &Array, s: &Stream) -> Result<(Array, Array)> {
     let shape = a.shape();
     let mut pairs = vec![shape[0], shape[1] / 2, 2];
     pairs.extend_from_slice(&shape[2..]);
     let paired = a.reshape(&pairs, s)?;
-    let take =
-        |i: usize| -> Result<Array> { Ok(slice_axis(&paired, 2, i, 1, s)?.squeeze_axes(&[2], s)?) };
+    let take = |i: usize| -> Result<Array> {
+        let half = slice_axis(&paired, 2, i, 1, s)?.squeeze_axes(&[2], s)?;
+        let half = half.contiguous(false, s)?;
+        crate::runtime::eval(&[&half])?;
+        Ok(half)
+    };
     Ok((take(0)?, take(1)?))
 }
 
