@@ -3,7 +3,8 @@
 
 Writes, for each case below (and a float copy of gpt-oss), a Hugging Face model directory under
 tests/golden/moe/CASE/: config.json, model.safetensors with Hugging Face
-tensor names (per-expert tensors, as the models ship), a small byte-level
+tensor names (per-expert tensors, or gpt-oss's stacked MXFP4 ones, as the
+models ship), a small byte-level
 BPE tokenizer.json trained here (so `generate --model DIR` runs on them),
 and golden.safetensors holding a prompt ("tokens", I32) and mlx-lm's
 logits for it ("logits", F32 [T, V]). The Rust tests load the same

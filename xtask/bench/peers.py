@@ -161,8 +161,6 @@ def prompt(n, vocab=1 << 30):
 
 
 def make_moe(out, tokenizer_dir):
-    from safetensors.numpy import save_file
-    import shutil
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "mixtral", "vocab_size": 320, "hidden_size": 512,
@@ -193,15 +191,21 @@ def make_moe(out, tokenizer_dir):
         for x in range(e):
             for name, shape in [("w1", (h, d)), ("w3", (h, d)), ("w2", (d, h))]:
                 t[p + f"block_sparse_moe.experts.{x}.{name}.weight"] = w(*shape)
-    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
+    write_model(out, t, config, tokenizer_dir)
+
+
+def write_model(out, tensors, config, tokenizer_dir):
+    """A Hugging Face directory at `out`: the tensors, config.json and the
+    tokenizer files of `tokenizer_dir`."""
+    from safetensors.numpy import save_file
+    import shutil
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in ["tokenizer.json", "tokenizer_config.json"]:
         shutil.copy(Path(tokenizer_dir) / name, out / name)
 
 
 def make_deepseek(out, tokenizer_dir):
-    from safetensors.numpy import save_file
-    import shutil
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     d, heads, ql, r, nope, rope, vd = 1024, 16, 384, 256, 64, 32, 64
@@ -250,18 +254,13 @@ def make_deepseek(out, tokenizer_dir):
             t[m + "shared_experts." + name + ".weight"] = w(*shape)
             for x in range(e):
                 t[m + f"experts.{x}.{name}.weight"] = w(*shape)
-    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in ["tokenizer.json", "tokenizer_config.json"]:
-        shutil.copy(Path(tokenizer_dir) / name, out / name)
+    write_model(out, t, config, tokenizer_dir)
 
 
 def make_gpt_oss(out, tokenizer_dir):
     """A random gpt-oss-shaped model as OpenAI ships one: MXFP4 experts
     (quantized by MLX), biases, sinks, sliding and full layers."""
     import mlx.core as mx
-    from safetensors.numpy import save_file
-    import shutil
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     d, heads, kv, hd, e, h, v, layers = 1024, 16, 4, 64, 32, 512, 320, 8
@@ -309,10 +308,7 @@ def make_gpt_oss(out, tokenizer_dir):
         blocks, scales = mxfp4(w(e, d, h))
         t[m + "experts.down_proj_blocks"], t[m + "experts.down_proj_scales"] = blocks, scales
         t[m + "experts.down_proj_bias"] = w(e, d)
-    save_file(t, out / "model.safetensors", metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in ["tokenizer.json", "tokenizer_config.json"]:
-        shutil.copy(Path(tokenizer_dir) / name, out / name)
+    write_model(out, t, config, tokenizer_dir)
 
 
 def blas():

@@ -428,12 +428,21 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
         "mlp."
     };
     let w = w.pp(block);
-    let gate = match &m.layout {
-        ExpertLayout::PerExpert(names) => names.gate,
-        ExpertLayout::Interleaved(_) => "gate_proj",
+    let config = MoeConfig::new(m.top_k)
+        .with_gating(m.gating)
+        .with_routed_scaling(m.routed_scaling)
+        .with_placement(m.placement)
+        .with_activation(m.activation)
+        .with_expert_matmul(m.expert_matmul);
+    let dims = (c.hidden_size, m.hidden, m.experts);
+    let names = match &m.layout {
+        ExpertLayout::Interleaved(names) => {
+            return Moe::load_interleaved(&w, names, dims, config, s)
+        }
+        ExpertLayout::PerExpert(names) => names,
     };
     let probe = [
-        format!("experts.0.{gate}.weight"),
+        format!("experts.0.{}.weight", names.gate),
         "experts.gate_up_proj".to_owned(),
     ]
     .into_iter()
@@ -447,17 +456,7 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
             ),
         });
     }
-    let config = MoeConfig::new(m.top_k)
-        .with_gating(m.gating)
-        .with_routed_scaling(m.routed_scaling)
-        .with_placement(m.placement)
-        .with_activation(m.activation)
-        .with_expert_matmul(m.expert_matmul);
-    let dims = (c.hidden_size, m.hidden, m.experts);
-    match &m.layout {
-        ExpertLayout::Interleaved(names) => Moe::load_interleaved(&w, names, dims, config, s),
-        ExpertLayout::PerExpert(names) => Moe::load_hf(&w, names, dims, m.shared_hidden, config, s),
-    }
+    Moe::load_hf(&w, names, dims, m.shared_hidden, config, s)
 }
 
 /// The rotation the configuration asks for.
