@@ -37,6 +37,9 @@ pub struct Models;
 #[doc = include_str!("../book/src/writing-a-model.md")]
 pub struct WritingAModel;
 
+#[doc = include_str!("../book/src/meshes.md")]
+pub struct MeshesAndPipelines;
+
 #[doc = include_str!("../book/src/training.md")]
 pub struct Training;
 

@@ -4,7 +4,7 @@
 //! safemlx-launch -n N -- target/release/examples/generate [--model PATH]
 //!     [--prompt TEXT] [--chat] [--max-tokens K] [--temperature T]
 //!     [--top-p P] [--seed S] [--dequantize] [--experts parallel|tensor-parallel]
-//!     [--check]
+//!     [--mesh pp=P[,tp=T]] [--split W1:W2:..] [--prefill-chunk C] [--check]
 //! ```
 //!
 //! `--model` is a Hugging Face directory or a `.gguf` file; the default is
@@ -13,29 +13,34 @@
 //! mlx-community directories) stay quantized; `--dequantize` loads them as
 //! `float32` to compare. An MoE model's (Mixtral, Qwen2-MoE, Qwen3-MoE)
 //! experts are split across ranks (`--experts parallel`, the default) or
-//! every expert sliced across them (`--experts tensor-parallel`). Rank 0 streams the text; every rank prints the
+//! every expert sliced across them (`--experts tensor-parallel`).
+//! `--mesh pp=P` splits the layers into P pipeline stages, one rank each
+//! (evenly, or by `--split 3:1`), the prompt prefilled in chunks of
+//! `--prefill-chunk` tokens; without it every rank holds a slice of every
+//! layer (tensor parallel). Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0 without peers), compares the prompt's logits (maximum relative
 //! error, at most 1e-4) and checks that the greedy tokens agree.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use safemlx::Array;
-use safemlx_dist::checkpoint::{save, SafetensorsFile};
-use safemlx_dist::generate::{generate, Generated, Sampler};
-use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
-use safemlx_dist::nn::gather_logits;
+use safemlx_dist::generate::{generate, generate_stages, Generated, Sampler};
+use safemlx_dist::models::{load_stage, load_with, LayerSplit, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::ExpertPlacement;
-use safemlx_dist::{all_sum, init, Backend, Group};
-use safemlx_dist_examples::{compare, cpu_stream, values};
+use safemlx_dist::typed::{MeshSpec, StageLink};
+use safemlx_dist::{init, Backend, Group};
+use safemlx_dist_examples::cpu_stream;
+
+#[path = "generate/check.rs"]
+mod check;
+
+use check::{check, write_reference, REFERENCE_ENV};
 
 const DEFAULT_PROMPT: &str = "What is the capital of France? Answer in one sentence.";
-/// Set in the single-process reference run of `--check`: where it writes.
-const REFERENCE_ENV: &str = "SAFEMLX_GENERATE_REFERENCE_OUT";
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("generate", run())
@@ -79,6 +84,18 @@ struct Args {
     /// Where an MoE model's experts go
     #[arg(long, value_enum, default_value_t = Experts::Parallel)]
     experts: Experts,
+    /// The mesh's axes: pipeline stages (pp) x tensor-parallel ranks per
+    /// stage (tp); stages of several ranks are not supported yet
+    /// [default: tp=all ranks]
+    #[arg(long, value_name = "pp=P,tp=T")]
+    mesh: Option<MeshSpec>,
+    /// Layers per pipeline stage in proportion to these weights, one per
+    /// stage [default: even]
+    #[arg(long, value_name = "W1:W2:..")]
+    split: Option<LayerSplit>,
+    /// Prompt tokens per chunk of a pipelined prefill
+    #[arg(long, default_value_t = 64, value_name = "C")]
+    prefill_chunk: usize,
     /// Also run the model in one process and compare the prompt's logits
     /// and the greedy tokens
     #[arg(long)]
@@ -106,6 +123,9 @@ struct Options {
     top_p: f32,
     seed: u64,
     load: LoadOptions,
+    mesh: MeshSpec,
+    split: Option<LayerSplit>,
+    prefill_chunk: usize,
     check: bool,
     backend: Backend,
 }
@@ -141,6 +161,9 @@ fn options() -> Result<Options, String> {
                 Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
             },
         },
+        mesh: args.mesh.unwrap_or_default(),
+        split: args.split,
+        prefill_chunk: args.prefill_chunk,
         check: args.check,
         backend: args.backend.parse().map_err(err)?,
     })
@@ -179,8 +202,30 @@ fn run() -> Result<(), String> {
     };
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
+    // The reference is the whole model in one process, whatever the mesh.
+    let axes = if reference.is_some() {
+        MeshSpec::default().resolve(1)
+    } else {
+        o.mesh.resolve(n)
+    };
+    let axes = axes.map_err(err)?;
     let started = Instant::now();
-    let loaded = load_with(&group, &o.model, o.load, &s).map_err(err)?;
+    let (loaded, link) = if axes.pp > 1 {
+        let split = o.split.clone().unwrap_or(LayerSplit::Even(axes.pp));
+        if split.stages() != axes.pp {
+            return Err(format!(
+                "--split gives {} parts for {} pipeline stages; give one weight per stage",
+                split.stages(),
+                axes.pp
+            ));
+        }
+        let local = Group::local();
+        let link = StageLink::new(&group, &local).map_err(err)?;
+        let loaded = load_stage(&o.model, o.load, &split, rank, &s).map_err(err)?;
+        (loaded, Some(link))
+    } else {
+        (load_with(&group, &o.model, o.load, &s).map_err(err)?, None)
+    };
     let load_seconds = started.elapsed().as_secs_f64();
     let prompt = prompt_tokens(&loaded, &o)?;
     let model = &loaded.model;
@@ -191,7 +236,7 @@ fn run() -> Result<(), String> {
     }
     if rank == 0 {
         println!(
-            "{}: {} layers, {} query / {} KV heads, vocabulary {}; {} ranks, prompt {} tokens",
+            "{}: {} layers, {} query / {} KV heads, vocabulary {}; {} ranks ({axes}), prompt {} tokens",
             o.model.display(),
             model.config().layers,
             model.config().heads,
@@ -205,31 +250,46 @@ fn run() -> Result<(), String> {
     let mut cache = model.new_cache();
     let mut text = loaded.tokenizer.stream();
     let mut stdout = std::io::stdout();
-    let generated = generate(
-        model,
-        &mut cache,
-        &prompt,
-        o.max_tokens,
-        &mut sampler,
-        eos,
-        |token| {
-            if rank == 0 {
-                let piece = text.push(token)?;
-                // One write per piece: under mpirun each write is one tagged chunk.
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            }
-            Ok(())
-        },
-        &s,
-    )
+    let stream = |token| {
+        if rank == 0 {
+            let piece = text.push(token)?;
+            // One write per piece: under mpirun each write is one tagged chunk.
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        Ok(())
+    };
+    let limits = (o.max_tokens, o.prefill_chunk);
+    let generated = match &link {
+        Some(link) => generate_stages(
+            model,
+            link,
+            &mut cache,
+            &prompt,
+            limits,
+            &mut sampler,
+            eos,
+            stream,
+            &s,
+        ),
+        None => generate(
+            model,
+            &mut cache,
+            &prompt,
+            o.max_tokens,
+            &mut sampler,
+            eos,
+            stream,
+            &s,
+        ),
+    }
     .map_err(err)?;
     if rank == 0 {
         println!();
     }
     report(&loaded, &generated, &cache, (rank, n), load_seconds);
     if o.check {
-        check(&group, &loaded, &o, &prompt, &generated)?;
+        check(&group, link.as_ref(), &loaded, &o, &prompt, &generated)?;
     }
     Ok(())
 }
@@ -264,8 +324,17 @@ fn report(
     } else {
         format!(" (latent: {per_token} bytes per token; per-head keys and values would take {per_head})")
     };
+    let stage = model.stage();
+    let layers = if stage.is_whole() {
+        String::new()
+    } else {
+        format!(
+            "stage {} of {}, layers {}..{}; ",
+            stage.index, stage.count, stage.layers.start, stage.layers.end
+        )
+    };
     println!(
-        "rank {rank}/{n}: {heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
+        "rank {rank}/{n}: {layers}{heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
         mib(loaded.weights.bytes_read()),
         mib(model.weight_bytes() as u64),
         if model.is_quantized() {
@@ -289,149 +358,4 @@ fn report(
             }
         );
     }
-}
-
-/// The reference run: the prompt's logits and greedy tokens of the whole
-/// model in this one process, written to `out`.
-fn write_reference(
-    loaded: &Loaded,
-    prompt: &[u32],
-    max_tokens: usize,
-    eos: &[u32],
-    out: &Path,
-) -> Result<(), String> {
-    let s = cpu_stream();
-    let mut cache = loaded.model.new_cache();
-    let logits = loaded.model.forward(prompt, &mut cache, &s).map_err(err)?;
-    let full = gather_logits(&logits, 0..prompt.len(), &s).map_err(err)?;
-    let mut cache = loaded.model.new_cache();
-    let greedy = generate(
-        &loaded.model,
-        &mut cache,
-        prompt,
-        max_tokens,
-        &mut Sampler::greedy(),
-        eos,
-        |_| Ok(()),
-        &s,
-    )
-    .map_err(err)?;
-    let tokens: Vec<i32> = greedy.tokens.iter().map(|&t| t as i32).collect();
-    let count = i32::try_from(tokens.len()).map_err(err)?;
-    save(
-        out,
-        &[
-            ("logits", full.into_local()),
-            ("tokens", Array::from_slice(&tokens, &[count])),
-        ],
-        &s,
-    )
-    .map_err(err)
-}
-
-/// `--check`: rank 0 runs the reference in a child process with no peers,
-/// then compares; every rank waits on it (an `all_sum` as a barrier) and
-/// computes the same distributed logits and greedy tokens.
-fn check(
-    group: &Group,
-    loaded: &Loaded,
-    o: &Options,
-    prompt: &[u32],
-    generated: &Generated,
-) -> Result<(), String> {
-    let s = cpu_stream();
-    let rank = group.rank();
-    let mut cache = loaded.model.new_cache();
-    let logits = loaded.model.forward(prompt, &mut cache, &s).map_err(err)?;
-    let full = gather_logits(&logits, 0..prompt.len(), &s).map_err(err)?;
-    safemlx_dist::eval(&[full.local()]).map_err(err)?;
-    let mut cache = loaded.model.new_cache();
-    let greedy = if o.temperature == 0.0 {
-        generated.tokens.clone()
-    } else {
-        generate(
-            &loaded.model,
-            &mut cache,
-            prompt,
-            o.max_tokens,
-            &mut Sampler::greedy(),
-            &loaded.model.config().eos_token_ids,
-            |_| Ok(()),
-            &s,
-        )
-        .map_err(err)?
-        .tokens
-    };
-    let mut outcome = Ok(());
-    if rank == 0 {
-        outcome = compare_with_reference(full.local(), &greedy, group.size());
-    }
-    // Every rank learns whether rank 0's check passed.
-    let failed = f32::from(u8::from(outcome.is_err()));
-    let any = all_sum(&Array::from_slice(&[failed], &[1]), group, &s).map_err(err)?;
-    safemlx_dist::eval(&[&any]).map_err(err)?;
-    let any = any
-        .into_evaluated()
-        .map_err(err)?
-        .try_to_vec::<f32>()
-        .map_err(err)?;
-    if rank != 0 && any.first().is_some_and(|v| *v > 0.0) {
-        return Err("the check failed on rank 0".to_owned());
-    }
-    outcome
-}
-
-fn compare_with_reference(logits: &Array, greedy: &[u32], n: usize) -> Result<(), String> {
-    let s = cpu_stream();
-    let out = std::env::temp_dir().join(format!(
-        "safemlx-generate-reference-{}.safetensors",
-        std::process::id()
-    ));
-    let exe = std::env::current_exe().map_err(err)?;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut child = std::process::Command::new(exe);
-    child
-        .args(&args)
-        .env(REFERENCE_ENV, &out)
-        .env("SAFEMLX_DIST_BACKEND", "ring");
-    for var in ["MLX_RANK", "MLX_HOSTFILE", "MLX_WORLD_SIZE"] {
-        child.env_remove(var);
-    }
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("OMPI_") || key.to_string_lossy().starts_with("PMIX_")
-        {
-            child.env_remove(key);
-        }
-    }
-    let started = Instant::now();
-    let status = child
-        .status()
-        .map_err(|e| format!("cannot start the single-process reference: {e}"))?;
-    if !status.success() {
-        return Err(format!("the single-process reference failed ({status})"));
-    }
-    let reference = SafetensorsFile::open(&out).map_err(err)?;
-    let want = reference.read("logits", &s).map_err(err)?;
-    let want_tokens = reference.read("tokens", &s).map_err(err)?;
-    std::fs::remove_file(&out).ok();
-    let read = |a: &Array| values(a, &s);
-    let (g, w) = (read(logits)?, read(&want)?);
-    let (max_abs, rel) = compare(&g, &w)?;
-    let want_tokens: Vec<u32> = read(&want_tokens)?.into_iter().map(|t| t as u32).collect();
-    let agree = want_tokens == greedy;
-    println!(
-        "rank 0/{n}: --check against one process ({:.1} s): prompt logits max abs error {max_abs:.3e}, max relative error {rel:.3e}; greedy tokens {} ({} tokens)",
-        started.elapsed().as_secs_f64(),
-        if agree { "agree" } else { "DIFFER" },
-        greedy.len()
-    );
-    if rel > 1e-4 {
-        return Err(format!("relative error {rel:.3e} is above 1e-4"));
-    }
-    if !agree {
-        return Err(format!(
-            "greedy tokens differ: {greedy:?} here, {want_tokens:?} in one process"
-        ));
-    }
-    Ok(())
 }

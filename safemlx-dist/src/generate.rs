@@ -6,6 +6,8 @@
 //! Every rank computes the same gathered logits and runs the same seeded
 //! sampler, so every rank produces the same tokens without a broadcast.
 
+mod pipeline;
+
 use std::time::Instant;
 
 use safemlx::Stream;
@@ -13,6 +15,9 @@ use safemlx::Stream;
 use crate::error::{Error, Result};
 use crate::models::Llama;
 use crate::nn::{gather_logits, KvCache};
+use crate::typed::{Sharded, ShardedArray};
+
+pub use pipeline::{forward_stages, generate_stages};
 
 /// How the next token is chosen from the logits.
 #[derive(Debug, Clone)]
@@ -189,8 +194,17 @@ fn step(
     sampler: &mut Sampler,
     s: &Stream,
 ) -> Result<u32> {
-    let logits = model.forward_last(tokens, cache, s)?;
-    let last = gather_logits(&logits, 0..1, s)?;
+    sample_logits(&model.forward_last(tokens, cache, s)?, sampler, s)
+}
+
+/// The token `sampler` draws from `logits`, one row of this rank's
+/// vocabulary columns (gathered across the group first).
+pub(crate) fn sample_logits(
+    logits: &ShardedArray<Sharded<1>>,
+    sampler: &mut Sampler,
+    s: &Stream,
+) -> Result<u32> {
+    let last = gather_logits(logits, 0..1, s)?;
     // Row-contiguous: `try_to_vec` reads storage order, not logical order.
     let last = last.into_local().contiguous(false, s)?;
     crate::runtime::eval(&[&last])?;

@@ -81,13 +81,18 @@ CASES = {
     "llama-bias": dict(model_type="llama", num_attention_heads=4,
                        num_key_value_heads=2, tie_word_embeddings=False,
                        attention_bias=True),
+    # SmolLM2's head layout (9 query heads over 3 KV heads, tied
+    # embeddings) with 5 layers, for pipeline stages of uneven layer counts.
+    "smollm2-5layers": dict(model_type="llama", hidden_size=72,
+                            num_attention_heads=9, num_key_value_heads=3,
+                            num_hidden_layers=5, tie_word_embeddings=True),
 }
 
 # Each case's weights seed (fixed, so adding a case leaves the others'
 # weights as they were).
 SEEDS = {"llama-tied-kv3": 0, "llama3-kv1-sharded": 1, "mistral-kv2": 2,
          "qwen2-bias": 3, "qwen3-qknorm": 4, "qwen3-yarn": 5, "llama-window": 6,
-         "llama-bias": 7}
+         "llama-bias": 7, "smollm2-5layers": 8}
 
 
 def weights(config, rng):

@@ -123,6 +123,12 @@ pub fn demo() -> Result<(), String> {
         args.push("--check");
         launch(ranks, "generate", &args)?;
     }
+    // The same model as pipeline stages: pp=2 (15 + 15 layers) and pp=3.
+    for (ranks, mesh) in [("2", "pp=2"), ("3", "pp=3")] {
+        let mut args = chat.to_vec();
+        args.extend(["--mesh", mesh, "--check"]);
+        launch(ranks, "generate", &args)?;
+    }
     Ok(())
 }
 

@@ -22,10 +22,16 @@
 
 mod attention;
 mod batch;
+mod notes;
+mod stage;
+
+pub(in crate::models) use notes::load_notes;
+pub use stage::StageInput;
 
 use safemlx::{Array, Stream};
 
 use super::config::{ExpertLayout, Family, LlamaConfig};
+use super::stages::Stage;
 use super::{deepseek_v3, phi3};
 use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
 use crate::error::{Error, Result};
@@ -86,10 +92,16 @@ pub struct Llama {
     config: LlamaConfig,
     #[parameters(skip)]
     path: String,
-    embed: Embedding,
+    /// The layers this rank holds: all of them, or a pipeline stage's.
+    #[parameters(skip)]
+    stage: Stage,
+    /// On the first stage, and on the last with tied embeddings.
+    embed: Option<Embedding>,
     layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    /// `None` with tied embeddings: the LM head is `embed`.
+    /// On the last stage.
+    norm: Option<RmsNorm>,
+    /// On the last stage, without tied embeddings (the LM head is then
+    /// `embed`).
     lm_head: Option<Embedding>,
 }
 
@@ -149,7 +161,29 @@ impl Llama {
     /// A missing tensor or one whose shape disagrees with the
     /// configuration; the message names it.
     pub fn load(w: &Weights, config: LlamaConfig, s: &Stream) -> Result<Self> {
+        let stage = Stage::whole(config.layers);
+        Self::load_stage(w, config, stage, s)
+    }
+
+    /// As [`load`](Self::load), the layers of one pipeline stage only:
+    /// the embedding on the first stage, the final norm and LM head on the
+    /// last (a tied LM head is the embedding, read there too). Nothing
+    /// else is read.
+    ///
+    /// # Errors
+    /// Those of [`load`](Self::load), or a stage whose layers are not
+    /// within the model's.
+    pub fn load_stage(w: &Weights, config: LlamaConfig, stage: Stage, s: &Stream) -> Result<Self> {
         let path = w.source().path().display().to_string();
+        if stage.layers.is_empty() || stage.layers.end > config.layers {
+            return Err(Error::Model {
+                path,
+                message: format!(
+                    "stage {} holds layers {:?}, not within the model's {} layers",
+                    stage.index, stage.layers, config.layers
+                ),
+            });
+        }
         let c = &config;
         let d = c.hidden_size;
         let gqa = GqaConfig {
@@ -184,8 +218,13 @@ impl Llama {
         };
         // The embedding first: its shape says whether this is the model
         // the configuration describes.
-        let embed = Embedding::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s)?;
-        let layers = (0..c.layers)
+        let embeds = stage.is_first() || (stage.is_last() && c.tie_word_embeddings);
+        let embed = embeds
+            .then(|| Embedding::load(&w.pp("model.embed_tokens"), (c.vocab_size, d), s))
+            .transpose()?;
+        let layers = stage
+            .layers
+            .clone()
             .map(|i| {
                 let w = w.pp(&format!("model.layers.{i}"));
                 let mlp = match &c.moe {
@@ -220,15 +259,18 @@ impl Llama {
             })
             .collect::<Result<Vec<_>>>()?;
         // Tied models may still ship an lm_head copy; read it only when untied.
-        let lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(Embedding::load(&w.pp("lm_head"), (c.vocab_size, d), s)?)
-        };
+        let lm_head = (stage.is_last() && !c.tie_word_embeddings)
+            .then(|| Embedding::load(&w.pp("lm_head"), (c.vocab_size, d), s))
+            .transpose()?;
+        let norm = stage
+            .is_last()
+            .then(|| norm(&w.pp("model.norm")))
+            .transpose()?;
         Ok(Self {
-            norm: norm(&w.pp("model.norm"))?,
+            norm,
             config,
             path,
+            stage,
             embed,
             layers,
             lm_head,
@@ -248,7 +290,10 @@ impl Llama {
     /// An empty KV cache for this rank's heads: sliding-window layers keep
     /// only their window.
     pub fn new_cache(&self) -> KvCache {
-        let windows: Vec<Option<usize>> = (0..self.layers.len())
+        let windows: Vec<Option<usize>> = self
+            .stage
+            .layers
+            .clone()
             .map(|i| self.config.window(i))
             .collect();
         KvCache::with_windows(&windows)
@@ -287,7 +332,7 @@ impl Llama {
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
         let x = self.hidden(batch, s)?;
-        self.head().logits(&self.norm.forward(&x, s)?, s)
+        self.head()?.logits(&self.final_norm()?.forward(&x, s)?, s)
     }
 
     /// As [`forward`](Self::forward), but the logits of the last position
@@ -307,7 +352,7 @@ impl Llama {
 
     /// Whether any weight stays quantized.
     pub fn is_quantized(&self) -> bool {
-        self.embed.is_quantized()
+        self.embed.as_ref().is_some_and(Embedding::is_quantized)
             || self.lm_head.as_ref().is_some_and(Embedding::is_quantized)
             || self.layers.iter().any(|l| {
                 let mlp = match &l.mlp {
@@ -316,33 +361,6 @@ impl Llama {
                 };
                 mlp || l.attention.is_quantized()
             })
-    }
-
-    /// How the MXFP4 experts of a checkpoint that has them are held: kept
-    /// as stored, or dequantized and why (every layer alike).
-    fn mxfp4_note(&self) -> Option<String> {
-        let storage: Vec<_> = self
-            .layers
-            .iter()
-            .filter_map(|l| match &l.mlp {
-                FeedForward::Moe(m) => m.mxfp4_storage(),
-                FeedForward::Dense(_) => None,
-            })
-            .collect();
-        let layers = storage.len();
-        Some(match storage.first()? {
-            Ok(()) => format!(
-                "keeping the MXFP4 experts of {layers} layers as stored (MLX's mxfp4 quantized matmuls)"
-            ),
-            Err(why) => format!(
-                "dequantizing the MXFP4 experts of {layers} layers to float32 as they are read (about 7.5 times their stored bytes): {why}"
-            ),
-        })
-    }
-
-    /// The LM head: its own table, or the embedding when tied.
-    fn head(&self) -> &Embedding {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
     /// Bytes of this rank's weights.
@@ -359,24 +377,8 @@ impl Llama {
             })
             .sum();
         let head = self.lm_head.as_ref().map_or(0, Embedding::nbytes);
-        self.embed.nbytes() + layers + norms(&self.norm) + head
-    }
-}
-
-/// On rank 0, one warning on stderr naming the layers after the last one
-/// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
-/// prediction), which `model` does not read; and one line on how it holds
-/// MXFP4 experts (gpt-oss).
-pub(super) fn load_notes(group: &Group, dir: &HfDirectory, model: &Llama) {
-    if group.rank() != 0 {
-        return;
-    }
-    let path = dir.path().display();
-    if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), model.config.layers) {
-        eprintln!("warning: model {path}: {warning}");
-    }
-    if let Some(note) = model.mxfp4_note() {
-        eprintln!("model {path}: {note}");
+        let embed = self.embed.as_ref().map_or(0, Embedding::nbytes);
+        embed + layers + self.norm.as_ref().map_or(0, norms) + head
     }
 }
 

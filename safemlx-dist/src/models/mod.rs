@@ -28,13 +28,15 @@ mod glm4_moe;
 mod gpt_oss;
 pub mod llama;
 mod phi3;
+mod stages;
 
 use std::path::{Path, PathBuf};
 
 use safemlx::Stream;
 
 pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
-pub use llama::Llama;
+pub use llama::{Llama, StageInput};
+pub use stages::{LayerSplit, Stage};
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use crate::error::Result;
@@ -110,16 +112,49 @@ pub fn load(group: &Group, path: &Path, s: &Stream) -> Result<Loaded> {
 /// Those of the format's reader, the configuration and the tokenizer; the
 /// message names the file and what is wrong.
 pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -> Result<Loaded> {
+    load_part(group, path, options, None, s)
+}
+
+/// Loads stage `stage` of the pipeline `split` makes of the model at
+/// `path` (a Hugging Face directory or a GGUF file), one rank per stage:
+/// only that stage's layers (and the embedding on the first stage, the
+/// final norm and LM head on the last) are read, whole, over
+/// [`Group::local`].
+///
+/// # Errors
+/// Those of [`load_with`] and of [`LayerSplit::ranges`] for the model's
+/// layer count, or a stage past the last.
+pub fn load_stage(
+    path: &Path,
+    options: LoadOptions,
+    split: &LayerSplit,
+    stage: usize,
+    s: &Stream,
+) -> Result<Loaded> {
+    load_part(&Group::local(), path, options, Some((split, stage)), s)
+}
+
+fn load_part(
+    group: &Group,
+    path: &Path,
+    options: LoadOptions,
+    stage: Option<(&LayerSplit, usize)>,
+    s: &Stream,
+) -> Result<Loaded> {
     let load = |source: &dyn TensorSource, config: LlamaConfig| {
         let dequantize = match options.weights {
             Storage::AsStored => false,
             Storage::Dequantized => true,
             Storage::FloatUpTo(limit) => config.float_bytes() <= limit,
         };
+        let stage = match stage {
+            Some((split, index)) => Stage::of(split, index, config.layers)?,
+            None => Stage::whole(config.layers),
+        };
         if dequantize {
-            Llama::load(&Weights::new(&Dequantized(source), group), config, s)
+            Llama::load_stage(&Weights::new(&Dequantized(source), group), config, stage, s)
         } else {
-            Llama::load(&Weights::new(source, group), config, s)
+            Llama::load_stage(&Weights::new(source, group), config, stage, s)
         }
     };
     let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
@@ -137,7 +172,10 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (config, source) = Llama::gguf_weights(file, s)?;
         let model = load(&source, config)?;
-        source.check_all_read()?;
+        // A stage reads only its own tensors.
+        if model.stage().is_whole() {
+            source.check_all_read()?;
+        }
         (model, Box::new(source), tokenizer)
     };
     Ok(Loaded {

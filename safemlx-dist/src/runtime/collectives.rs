@@ -44,10 +44,10 @@ fn extremum_with_gradient(
     let s = stream;
     let fixed = safemlx::stop_gradient(input, s)?;
     let result = group.in_order(&fixed, |fixed| {
-        native::unary(op, fixed, group.native(), stream)
+        native::unary(op, fixed, group.native()?, stream)
     })?;
     let hit = fixed.eq(&result, s)?.as_dtype(input.dtype(), s)?;
-    let ties = native::unary(Unary::AllSum, &hit, group.native(), s)?;
+    let ties = native::unary(Unary::AllSum, &hit, group.native()?, s)?;
     let share = hit.divide(&ties, s)?;
     let zero = input.subtract(&fixed, s)?;
     Ok(result.add(zero.multiply(&share, s)?, s)?)
@@ -60,7 +60,7 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
     if super::gradient_sum::is_tracing() {
         // MLX's `AllReduce` has the gradient of a replicated result; the
         // exchange and ring lowerings have none or a different one.
-        return native::unary(op, input, group.native(), stream);
+        return native::unary(op, input, group.native()?, stream);
     }
     let plan = lowering::all_reduce(
         group.lowering(),
@@ -74,7 +74,7 @@ fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> R
         (AllReducePlan::AllToAll, Some(combine)) => {
             exchange::all_reduce(input, combine, group, stream)
         }
-        _ => native::unary(op, input, group.native(), stream),
+        _ => native::unary(op, input, group.native()?, stream),
     }
 }
 
@@ -117,7 +117,7 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
     group.enter("all_gather", input);
     group.in_order(input, |input| {
         profile::timed(input, || {
-            native::unary(Unary::AllGather, input, group.native(), stream.as_ref())
+            native::unary(Unary::AllGather, input, group.native()?, stream.as_ref())
         })
     })
 }
@@ -158,7 +158,7 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
             };
             match plan {
                 SumScatterPlan::Native => {
-                    native::unary(Unary::SumScatter, input, group.native(), stream)
+                    native::unary(Unary::SumScatter, input, group.native()?, stream)
                 }
                 SumScatterPlan::AllSumSlice => composed::all_sum_then_slice(input, group, stream),
                 SumScatterPlan::Ring => composed::sum_scatter(input, group, stream),
@@ -204,7 +204,7 @@ pub fn all_to_all_v(
                 input,
                 &counts.send,
                 &counts.recv,
-                group.native(),
+                group.native()?,
                 stream.as_ref(),
             )
         })
@@ -222,7 +222,7 @@ pub fn send(
     stream: impl AsRef<Stream>,
 ) -> Result<Array> {
     let destination = validate::peer(destination, group.size(), PeerRole::Destination)?;
-    native::send(input, destination, group.native(), stream.as_ref())
+    native::send(input, destination, group.native()?, stream.as_ref())
 }
 
 /// Lazily receives an array of `shape` and `dtype` from rank `source`.
@@ -237,7 +237,7 @@ pub fn recv(
 ) -> Result<Array> {
     validate::recv_shape(shape)?;
     let source = validate::peer(source, group.size(), PeerRole::Source)?;
-    native::recv(shape, dtype, source, group.native(), stream.as_ref())
+    native::recv(shape, dtype, source, group.native()?, stream.as_ref())
 }
 
 /// Lazily receives an array with `like`'s shape and dtype from rank `source`.
@@ -248,5 +248,5 @@ pub fn recv_like(
     stream: impl AsRef<Stream>,
 ) -> Result<Array> {
     let source = validate::peer(source, group.size(), PeerRole::Source)?;
-    native::recv_like(like, source, group.native(), stream.as_ref())
+    native::recv_like(like, source, group.native()?, stream.as_ref())
 }

@@ -74,7 +74,7 @@ impl<'g> Ring<'g> {
     /// Sends `outgoing` to the next rank while receiving an array shaped
     /// like `like` from the previous one; both complete before it returns.
     fn step(&self, outgoing: &Array, like: &Array) -> Result<Array> {
-        let native = self.group.native();
+        let native = self.group.native()?;
         let sent = native::send(outgoing, self.next, native, &self.streams.send)?;
         let received = native::recv_like(like, self.prev, native, &self.streams.recv)?;
         super::eval(&[&sent, &received])?;
@@ -155,7 +155,7 @@ pub(crate) fn sum_scatter(input: &Array, group: &Group, s: &Stream) -> Result<Ar
 
 /// Sum-scatter along axis 0 as MLX's `all_sum`, then this rank's chunk.
 pub(crate) fn all_sum_then_slice(input: &Array, group: &Group, s: &Stream) -> Result<Array> {
-    let sum = native::unary(Unary::AllSum, input, group.native(), s)?;
+    let sum = native::unary(Unary::AllSum, input, group.native()?, s)?;
     // Each rank keeps a different slice: the gradient of the sum is the
     // sum of the ranks' padded slices (identity outside a gradient).
     let sum = super::gradient_sum::sum_gradients(&sum, group, s)?;

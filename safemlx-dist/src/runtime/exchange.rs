@@ -53,11 +53,11 @@ pub(crate) fn all_reduce(
     }
     let rows = flat.reshape(&[as_i32(n), as_i32(width)], s)?;
     let counts = one_row_each(n);
-    let received = native::all_to_all_v(&rows, &counts, &counts, group.native(), s)?;
+    let received = native::all_to_all_v(&rows, &counts, &counts, group.native()?, s)?;
     let mine = reduce_blocks(&received, combine, n, s)?; // [1, width]
     let copies: Vec<&Array> = (0..n).map(|_| &mine).collect();
     let outgoing = safemlx::ops::concatenate_axis(&copies, 0, s)?;
-    let gathered = native::all_to_all_v(&outgoing, &counts, &counts, group.native(), s)?;
+    let gathered = native::all_to_all_v(&outgoing, &counts, &counts, group.native()?, s)?;
     let flat = gathered.reshape(&[-1], s)?;
     let flat = if width * n == len {
         flat
@@ -74,6 +74,6 @@ pub(crate) fn sum_scatter(input: &Array, group: &Group, s: &Stream) -> Result<Ar
     let n = group.size();
     let rows = usize::try_from(input.shape()[0]).unwrap_or(0);
     let counts = vec![i64::try_from(rows / n).unwrap_or(i64::MAX); n];
-    let received = native::all_to_all_v(input, &counts, &counts, group.native(), s)?;
+    let received = native::all_to_all_v(input, &counts, &counts, group.native()?, s)?;
     reduce_blocks(&received, Combine::Sum, n, s)
 }

@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 /// use from several threads. Rank and size are read once, at creation.
 #[derive(Clone)]
 pub struct Group {
-    native: Rc<NativeGroup>,
+    /// `None` for [`Group::local`], which never reaches MLX.
+    native: Option<Rc<NativeGroup>>,
     rank: usize,
     size: usize,
     backend: Backend,
@@ -27,6 +28,8 @@ pub struct Group {
     p2p: Rc<OnceCell<P2pStreams>>,
     /// Collectives entered on this group so far (shared by clones).
     entered: Rc<Cell<u64>>,
+    /// Point-to-point operations recorded so far (shared by clones).
+    p2p_entered: Rc<Cell<u64>>,
     /// The output of the last collective, which the next one's input
     /// depends on (see [`Group::in_order`]).
     last: Rc<RefCell<Option<Array>>>,
@@ -45,21 +48,64 @@ impl Group {
         let rank_ok = usize::try_from(rank).ok().filter(|&r| r < size);
         let rank = rank_ok.ok_or_else(invalid)?;
         Ok(Self {
-            native: Rc::new(native),
+            native: Some(Rc::new(native)),
             rank,
             size,
             backend,
             lowering,
             p2p: Rc::default(),
             entered: Rc::default(),
+            p2p_entered: Rc::default(),
             last: Rc::default(),
         })
+    }
+
+    /// A group of this process alone (rank 0 of 1), beside whatever group
+    /// the process has joined: the tensor-parallel axis of a pipeline stage
+    /// that has one rank. Every collective on it is the identity, and
+    /// point-to-point operations are refused ([`Error::PeerOnSingleton`]),
+    /// so it never reaches MLX.
+    ///
+    /// ```
+    /// use safemlx::{Array, Device, DeviceType, Stream};
+    /// use safemlx_dist::{all_sum, Group};
+    ///
+    /// let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
+    /// let local = Group::local();
+    /// assert_eq!((local.rank(), local.size()), (0, 1));
+    /// let x = Array::from_slice(&[1.0f32, 2.0], &[2]);
+    /// let y = all_sum(&x, &local, &s)?;
+    /// assert_eq!(y.evaluated()?.try_to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    /// # Ok::<(), safemlx_dist::Error>(())
+    /// ```
+    pub fn local() -> Self {
+        Self {
+            native: None,
+            rank: 0,
+            size: 1,
+            backend: Backend::Any,
+            lowering: Lowering::Native,
+            p2p: Rc::default(),
+            entered: Rc::default(),
+            p2p_entered: Rc::default(),
+            last: Rc::default(),
+        }
     }
 
     /// Counts a collective `op` on this group (see `progress.rs`).
     pub(crate) fn enter(&self, op: &'static str, input: &Array) {
         let seq = self.entered.get() + 1;
         self.entered.set(seq);
+        super::progress::enter(op, seq, self.size, input);
+    }
+
+    /// Records a point-to-point `op` (a pipeline stage's send or receive)
+    /// as this rank's current wait: the evaluation that performs it is then
+    /// bounded by `SAFEMLX_DIST_TIMEOUT`, and a timeout names it. Not
+    /// counted in [`collectives_entered`](Self::collectives_entered).
+    pub(crate) fn enter_point_to_point(&self, op: &'static str, input: &Array) {
+        let seq = self.p2p_entered.get() + 1;
+        self.p2p_entered.set(seq);
         super::progress::enter(op, seq, self.size, input);
     }
 
@@ -128,7 +174,7 @@ impl Group {
     /// JACCL and singleton groups return an error from MLX).
     pub fn split(&self, color: i32, key: Option<i32>) -> Result<Self> {
         let key = key.filter(|k| *k >= 0).unwrap_or(-1);
-        let native = native::split(&self.native, color, key)?;
+        let native = native::split(self.native()?, color, key)?;
         Self::from_native(native, self.backend, self.lowering)
     }
 
@@ -141,8 +187,13 @@ impl Group {
         }
     }
 
-    pub(crate) fn native(&self) -> &NativeGroup {
-        &self.native
+    /// MLX's group; an error for [`Group::local`], whose collectives all
+    /// return before reaching MLX.
+    pub(crate) fn native(&self) -> Result<&NativeGroup> {
+        self.native.as_deref().ok_or(Error::Native {
+            operation: "mlx_distributed_group",
+            message: "a local group (Group::local) has no MLX group".to_owned(),
+        })
     }
 
     /// The send and receive streams of the composed lowerings, made on first use.

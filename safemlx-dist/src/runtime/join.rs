@@ -43,7 +43,7 @@ impl Group {
                 super::backend_env::recording(|| native::init(strict, backend.native_name()));
             let group = Group::from_native(native?, backend, lowering)?;
             if !group.is_singleton() {
-                super::admission::admit(group.native(), group.rank(), group.size(), backend)?;
+                super::admission::admit(group.native()?, group.rank(), group.size(), backend)?;
             }
             group
         };
@@ -78,7 +78,7 @@ impl Group {
         // program (MLX Python) never join it, and the timeout's message
         // then says to set SAFEMLX_DIST_LOWERING=native.
         self.enter(super::progress::AGREEMENT, &mine);
-        let both = native::unary(Unary::AllMax, &mine, self.native(), &stream)?;
+        let both = native::unary(Unary::AllMax, &mine, self.native()?, &stream)?;
         let values = super::read_back::<f32>(&both, "lowering agreement")?;
         let (highest, lowest) = match values[..] {
             [highest, minus_lowest] => (highest as i32, -minus_lowest as i32),

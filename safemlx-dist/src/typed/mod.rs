@@ -9,6 +9,7 @@
 pub(crate) mod collective;
 mod linear;
 mod mesh;
+mod mesh_axes;
 mod ops;
 mod placement;
 mod quantized;
@@ -16,11 +17,13 @@ mod redistribute;
 mod routing;
 mod shard_map;
 mod sharded;
+mod stage_link;
 pub(crate) mod weights;
 
 pub use collective::Collective;
 pub use linear::{BiasRule, LinearRule, LinearWeight};
 pub use mesh::Mesh;
+pub use mesh_axes::{MeshAxes, MeshSpec};
 pub use ops::{
     MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,
 };
@@ -33,4 +36,5 @@ pub use redistribute::RedistributeTo;
 pub use routing::{Routable, RoutingPlan};
 pub use shard_map::{partial_map, shard_map};
 pub use sharded::ShardedArray;
+pub use stage_link::{StageLink, StageMessage};
 pub use weights::{check_weight_dims, gather_weight, shard_weight, Dim, Dims, FieldLayout};

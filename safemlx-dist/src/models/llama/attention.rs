@@ -68,7 +68,7 @@ impl Llama {
             Some(_) => 0,
             None => 2 * split.kv.1 * c.head_dim,
         };
-        values * 4 * c.layers
+        values * 4 * self.layers.len()
     }
 
     /// What a per-head cache of this rank's heads would hold per position:
@@ -77,7 +77,7 @@ impl Llama {
     /// qk_rope_head_dim`) and value (`v_head_dim`).
     pub fn per_head_cache_bytes_per_token(&self) -> usize {
         match (self.config.mla, self.head_split()) {
-            (Some(m), Some(split)) => m.per_head_values(split.query.1) * 4 * self.config.layers,
+            (Some(m), Some(split)) => m.per_head_values(split.query.1) * 4 * self.layers.len(),
             _ => self.cache_bytes_per_token(),
         }
     }

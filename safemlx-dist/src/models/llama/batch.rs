@@ -52,7 +52,8 @@ impl Llama {
         let rows = cache.rows(batch, None)?;
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let slots = cache.slots();
-        let x = self.layers_with(&all, s, |i, attention, x| match attention {
+        let x = self.embed_tokens(&all, s)?;
+        let x = self.layers_with(x, s, |i, attention, x| match attention {
             Attention::Gqa(a) => a.forward_slots(x, cache.layer_mut(i), &rows, slots, s),
             Attention::Mla(_) => Err(Error::Model {
                 path: self.path.clone(),
@@ -70,7 +71,7 @@ impl Llama {
     }
 
     /// The logits of each sequence's last row of `x` (`lens` rows each).
-    fn last_logits(
+    pub(super) fn last_logits(
         &self,
         x: &ShardedArray<Replicated>,
         lens: &[usize],
@@ -91,7 +92,8 @@ impl Llama {
             .take_axis(Array::from_slice(&last, &[rows]), 0, s)?;
         let d = x.global_shape()[1];
         let last = ShardedArray::from_local(picked, x.comm(), &[rows, d])?;
-        self.head().logits(&self.norm.forward(&last, s)?, s)
+        self.head()?
+            .logits(&self.final_norm()?.forward(&last, s)?, s)
     }
 
     /// The residual stream after the last layer, before the final norm:
@@ -108,7 +110,8 @@ impl Llama {
             self.check_sequence(i, tokens.len(), cache)?;
         }
         let all: Vec<u32> = batch.iter().flat_map(|(t, _)| t.iter().copied()).collect();
-        self.layers_with(&all, s, |i, attention, x| {
+        let x = self.embed_tokens(&all, s)?;
+        self.layers_with(x, s, |i, attention, x| {
             // Each sequence's rows and its cache of this layer.
             let mut caches: Vec<(usize, &mut dyn LayerKv)> = batch
                 .iter_mut()
@@ -118,11 +121,11 @@ impl Llama {
         })
     }
 
-    /// The embedding of `tokens` through every layer, attention layer `i`
-    /// run by `attend(i, attention, normed x)`.
-    fn layers_with(
+    /// `x` through every layer this rank holds, attention layer `i` (of
+    /// this rank's) run by `attend(i, attention, normed x)`.
+    pub(super) fn layers_with(
         &self,
-        tokens: &[u32],
+        mut x: ShardedArray<Replicated>,
         s: &Stream,
         mut attend: impl FnMut(
             usize,
@@ -130,7 +133,6 @@ impl Llama {
             &ShardedArray<Replicated>,
         ) -> Result<ShardedArray<Replicated>>,
     ) -> Result<ShardedArray<Replicated>> {
-        let mut x = self.embed.forward(tokens, s)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let normed = layer.input_norm.forward(&x, s)?;
             x = x.add(&attend(i, &layer.attention, &normed)?, s)?;
@@ -142,9 +144,21 @@ impl Llama {
         Ok(x)
     }
 
+    /// The embedding of `tokens` (the first stage's).
+    pub(super) fn embed_tokens(
+        &self,
+        tokens: &[u32],
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        match (&self.embed, self.stage.is_first()) {
+            (Some(embed), true) => embed.forward(tokens, s),
+            _ => Err(self.not_here("the embedding")),
+        }
+    }
+
     /// Sequence `i` of a batch, `tokens` new tokens on `cache`: some
     /// tokens, a cache of this model's layers.
-    fn check_sequence(&self, i: usize, tokens: usize, cache: &KvCache) -> Result<()> {
+    pub(super) fn check_sequence(&self, i: usize, tokens: usize, cache: &KvCache) -> Result<()> {
         if tokens == 0 {
             return Err(Error::Shape(format!(
                 "sequence {i} of the batch has no tokens"

@@ -1,0 +1,48 @@
+//! What a model's load says once: the checkpoint's layers it does not
+//! read (multi-token prediction) and how it holds MXFP4 experts.
+
+use super::{FeedForward, Llama};
+use crate::checkpoint::HfDirectory;
+use crate::models::deepseek_v3;
+use crate::runtime::Group;
+
+impl Llama {
+    /// How the MXFP4 experts of a checkpoint that has them are held: kept
+    /// as stored, or dequantized and why (every layer alike).
+    pub(super) fn mxfp4_note(&self) -> Option<String> {
+        let storage: Vec<_> = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mlp {
+                FeedForward::Moe(m) => m.mxfp4_storage(),
+                FeedForward::Dense(_) => None,
+            })
+            .collect();
+        let layers = storage.len();
+        Some(match storage.first()? {
+            Ok(()) => format!(
+                "keeping the MXFP4 experts of {layers} layers as stored (MLX's mxfp4 quantized matmuls)"
+            ),
+            Err(why) => format!(
+                "dequantizing the MXFP4 experts of {layers} layers to float32 as they are read (about 7.5 times their stored bytes): {why}"
+            ),
+        })
+    }
+}
+
+/// On rank 0, one warning on stderr naming the layers after the last one
+/// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
+/// prediction), which `model` does not read; and one line on how it holds
+/// MXFP4 experts (gpt-oss).
+pub(in crate::models) fn load_notes(group: &Group, dir: &HfDirectory, model: &Llama) {
+    if group.rank() != 0 {
+        return;
+    }
+    let path = dir.path().display();
+    if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), model.config.layers) {
+        eprintln!("warning: model {path}: {warning}");
+    }
+    if let Some(note) = model.mxfp4_note() {
+        eprintln!("model {path}: {note}");
+    }
+}

@@ -1,0 +1,156 @@
+//! The sizes of a run's mesh axes: pipeline stages (`pp`) times
+//! tensor-parallel ranks per stage (`tp`), as `--mesh pp=2,tp=2` gives them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// The axes of a mesh over the world group, `pp` outer: world rank
+/// `r` is stage `r / tp`, tensor-parallel rank `r % tp` (a stage's ranks
+/// are consecutive, so on MLX's ring they are neighbours).
+///
+/// ```
+/// use safemlx_dist::typed::MeshAxes;
+///
+/// let axes: MeshAxes = "pp=2".parse()?;
+/// assert_eq!(axes.resolve(2)?, MeshAxes { pp: 2, tp: 1 });
+/// assert_eq!("tp=4".parse::<MeshAxes>()?.resolve(4)?.to_string(), "pp=1,tp=4");
+/// assert_eq!(
+///     "pp=2,tp=2".parse::<MeshAxes>()?.resolve(3).unwrap_err().to_string(),
+///     "--mesh pp=2,tp=2 needs 4 ranks (2 x 2) but the run has 3; launch it with -n 4 or change the axes"
+/// );
+/// # Ok::<(), safemlx_dist::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshAxes {
+    /// Pipeline stages.
+    pub pp: usize,
+    /// Tensor-parallel ranks per stage.
+    pub tp: usize,
+}
+
+/// `--mesh` as given: an axis left out is `None` until
+/// [`resolve`](Self::resolve) fills it from the world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MeshSpec {
+    pp: Option<usize>,
+    tp: Option<usize>,
+}
+
+impl MeshSpec {
+    /// The axes for a world of `world` ranks: an axis left out takes the
+    /// ranks the other leaves (all of them for `tp` with no `--mesh`).
+    ///
+    /// # Errors
+    /// Axes whose product is not the world size, naming both.
+    pub fn resolve(self, world: usize) -> Result<MeshAxes> {
+        let axes = match (self.pp, self.tp) {
+            (Some(pp), Some(tp)) => MeshAxes { pp, tp },
+            (Some(pp), None) => MeshAxes {
+                pp,
+                tp: (world / pp).max(1),
+            },
+            (None, Some(tp)) => MeshAxes {
+                pp: (world / tp).max(1),
+                tp,
+            },
+            (None, None) => MeshAxes { pp: 1, tp: world },
+        };
+        if axes.pp * axes.tp != world {
+            return Err(Error::Setting(format!(
+                "--mesh {self} needs {} ranks ({} x {}) but the run has {world}; launch it with -n {} or change the axes",
+                axes.pp * axes.tp,
+                axes.pp,
+                axes.tp,
+                axes.pp * axes.tp
+            )));
+        }
+        Ok(axes)
+    }
+}
+
+impl MeshAxes {
+    /// See [`MeshSpec::resolve`].
+    ///
+    /// # Errors
+    /// Those of [`MeshSpec::resolve`].
+    pub fn resolve(self, world: usize) -> Result<Self> {
+        MeshSpec {
+            pp: Some(self.pp),
+            tp: Some(self.tp),
+        }
+        .resolve(world)
+    }
+}
+
+impl FromStr for MeshAxes {
+    type Err = Error;
+
+    /// `pp=2,tp=2`; an axis left out is 1.
+    fn from_str(text: &str) -> Result<Self> {
+        let spec: MeshSpec = text.parse()?;
+        Ok(Self {
+            pp: spec.pp.unwrap_or(1),
+            tp: spec.tp.unwrap_or(1),
+        })
+    }
+}
+
+impl FromStr for MeshSpec {
+    type Err = Error;
+
+    /// `pp=2,tp=2`, `pp=3`, `tp=4`.
+    fn from_str(text: &str) -> Result<Self> {
+        let mut spec = Self::default();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = |why: &str| {
+                Error::Setting(format!(
+                    "--mesh {text}: `{part}` {why}; give axes such as pp=2,tp=2"
+                ))
+            };
+            let (name, size) = part
+                .split_once('=')
+                .ok_or_else(|| bad("is not axis=size"))?;
+            let size: usize = size
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s| *s > 0)
+                .ok_or_else(|| bad("needs a positive size"))?;
+            let axis = match name.trim() {
+                "pp" => &mut spec.pp,
+                "tp" => &mut spec.tp,
+                _ => {
+                    return Err(bad(
+                        "names no axis (pp: pipeline stages, tp: tensor parallel)",
+                    ))
+                }
+            };
+            if axis.replace(size).is_some() {
+                return Err(bad("repeats an axis"));
+            }
+        }
+        Ok(spec)
+    }
+}
+
+impl fmt::Display for MeshSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = [("pp", self.pp), ("tp", self.tp)]
+            .into_iter()
+            .filter_map(|(name, size)| size.map(|s| format!("{name}={s}")))
+            .collect();
+        if parts.is_empty() {
+            f.write_str("(none)")
+        } else {
+            f.write_str(&parts.join(","))
+        }
+    }
+}
+
+impl fmt::Display for MeshAxes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pp={},tp={}", self.pp, self.tp)
+    }
+}
