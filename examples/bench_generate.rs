@@ -6,8 +6,12 @@
 //! time to build one decode step's graph (`decode_graph_us`, before any of
 //! it is computed).
 //!
+//! With `--mesh pp=N` the ranks are N pipeline stages (the prompt in
+//! chunks of `--prefill-chunk` tokens), timed by rank 0 through
+//! `generate_stages`: prefill until the first token is back on stage 0.
+//!
 //! ```text
-//! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl [--dequantize]
+//! safemlx-launch -n 2 -- target/release/examples/bench_generate --model FILE.gguf --out FILE.jsonl [--dequantize] [--mesh pp=2]
 //! ```
 //!
 //! The prompt is the token ids `(i * 7919) % 20000 + 100`, which the
@@ -18,10 +22,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx::Array;
-use safemlx_dist::generate::Sampler;
-use safemlx_dist::models::{load_with, LoadOptions, Storage};
+use safemlx_dist::generate::{generate_stages, Sampler};
+use safemlx_dist::models::{load_stage, load_with, LayerSplit, LoadOptions, Storage};
 use safemlx_dist::nn::{gather_logits, ExpertPlacement};
-use safemlx_dist::{all_sum, init};
+use safemlx_dist::typed::{MeshSpec, StageLink};
+use safemlx_dist::{all_sum, init, Group};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, values};
 
 fn main() -> ExitCode {
@@ -58,6 +63,16 @@ fn run() -> Result<(), String> {
                 Some("parallel|tensor-parallel"),
                 "Where an MoE model's experts go",
             ),
+            (
+                "--mesh",
+                Some("pp=P,tp=T"),
+                "Pipeline stages x tensor-parallel ranks",
+            ),
+            (
+                "--prefill-chunk",
+                Some("C"),
+                "Prompt tokens per chunk of a pipelined prefill",
+            ),
         ],
     );
     let model_path = flag("--model").ok_or("--model FILE is required")?;
@@ -86,7 +101,16 @@ fn run() -> Result<(), String> {
         }
     };
     let path = std::path::Path::new(&model_path);
-    let loaded = load_with(&group, path, LoadOptions { weights, experts }, &s).map_err(err)?;
+    let mesh: MeshSpec = flag("--mesh").unwrap_or_default().parse().map_err(err)?;
+    let axes = mesh.resolve(n).map_err(err)?;
+    let chunk = number("--prefill-chunk", 64)?;
+    let options = LoadOptions { weights, experts };
+    let loaded = if axes.pp > 1 {
+        load_stage(path, options, &LayerSplit::Even(axes.pp), rank, &s)
+    } else {
+        load_with(&group, path, options, &s)
+    }
+    .map_err(err)?;
     let model = &loaded.model;
     let vocab = model.config().vocab_size;
     let prompt: Vec<u32> = (0..prompt_len)
@@ -106,8 +130,32 @@ fn run() -> Result<(), String> {
         )
     };
     let (mut prefill, mut decode_runs, mut graph_us) = (Vec::new(), Vec::new(), Vec::new());
+    if axes.pp > 1 {
+        let link = StageLink::new(&group, &Group::local()).map_err(err)?;
+        for run in 0..=repeats {
+            let mut cache = model.new_cache();
+            let limits = (decode + 1, chunk);
+            let mut greedy = Sampler::greedy();
+            let g = generate_stages(
+                model,
+                &link,
+                &mut cache,
+                &prompt,
+                limits,
+                &mut greedy,
+                &[],
+                |_| Ok(()),
+                &s,
+            )
+            .map_err(err)?;
+            if run > 0 {
+                prefill.push(g.prefill_tokens_per_second());
+                decode_runs.push(g.decode_tokens_per_second());
+            }
+        }
+    }
     // One warm-up run, then `repeats` timed ones.
-    for run in 0..=repeats {
+    for run in (0..=repeats).filter(|_| axes.pp == 1) {
         let mut cache = model.new_cache();
         let started = Instant::now();
         let logits = model.forward_last(&prompt, &mut cache, &s).map_err(err)?;
@@ -148,6 +196,7 @@ fn run() -> Result<(), String> {
             "backend": backend.as_str(),
             "ranks": n,
             "threads": 1,
+            "mesh": axes.to_string(),
             "model": model_path,
             "weights": if model.is_quantized() { "quantized" } else { "dequantized f32" },
             "prompt_tokens": prompt_len,
@@ -155,7 +204,7 @@ fn run() -> Result<(), String> {
             "prefill_tokens_per_s": median(prefill),
             "decode_tokens_per_s": median(decode_runs),
             "all_sum_4k_us": median(latencies),
-            "decode_graph_us": median(graph_us),
+            "decode_graph_us": (!graph_us.is_empty()).then(|| median(graph_us)),
             "weight_bytes_per_rank": model.weight_bytes(),
             "cache_bytes_per_token": model.cache_bytes_per_token(),
             "per_head_cache_bytes_per_token": model.per_head_cache_bytes_per_token(),

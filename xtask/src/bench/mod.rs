@@ -1,13 +1,15 @@
-//! `cargo xtask bench collectives|layers|generate|moe|serve|train`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate|moe|serve|train|layouts`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
 mod generate;
 mod layers;
+mod layouts;
 mod moe;
 mod serve;
 mod train;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -23,8 +25,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("moe") => moe::run(args.get(1).map(String::as_str)),
         Some("serve") => serve::run(args.get(1).is_some_and(|a| a == "--peers-only")),
         Some("train") => train::run(),
+        Some("layouts") => layouts::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe, serve or train"
+            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe, serve, train or layouts"
         )),
     }
 }
@@ -112,4 +115,61 @@ pub(super) fn read_rows(path: &Path) -> Result<Vec<Value>, String> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).map_err(|e| format!("bad bench line {l:?}: {e}")))
         .collect()
+}
+
+/// What two processes get at all on this machine: two one-rank runs of
+/// `bench_generate ARGS` (on model `name`) started together; one row
+/// `"impl": "ceiling"` with the sum of their tokens/s.
+pub(super) fn ceiling(release: &Path, args: &[&str], out: &Path, name: &str) -> Result<(), String> {
+    let parts: Vec<_> = (0..2)
+        .map(|i| {
+            let stem = out
+                .file_stem()
+                .map_or("bench".into(), |s| s.to_string_lossy());
+            out.with_file_name(format!("{stem}-ceiling-{name}-{i}.jsonl"))
+        })
+        .collect();
+    let children = parts
+        .iter()
+        .map(|part| {
+            std::fs::write(part, "")
+                .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
+            Command::new(release.join("safemlx-launch"))
+                .args(["-n", "1", "--timeout", "1800", "--"])
+                .arg(release.join("examples").join("bench_generate"))
+                .args(args)
+                .arg("--out")
+                .arg(part)
+                .env("OPENBLAS_NUM_THREADS", "1")
+                .spawn()
+                .map_err(|e| format!("cannot start bench_generate: {e}"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    for mut child in children {
+        let status = child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("a ceiling run of bench_generate failed: {status}"));
+        }
+    }
+    let runs: Vec<Value> = parts
+        .iter()
+        .map(|p| read_rows(p))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let sum = |key: &str| runs.iter().filter_map(|r| r[key].as_f64()).sum::<f64>();
+    let row = serde_json::json!({
+        "impl": "ceiling",
+        "model": runs.first().map(|r| r["model"].clone()),
+        "runs": runs.len(),
+        "prefill_tokens_per_s": sum("prefill_tokens_per_s"),
+        "decode_tokens_per_s": sum("decode_tokens_per_s"),
+    });
+    println!("{row}");
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(out)
+        .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
+    writeln!(file, "{row}").map_err(|e| e.to_string())
 }

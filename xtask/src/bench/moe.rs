@@ -15,7 +15,6 @@
 //! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
 //! `"impl"`), then a table and the targets' ratios.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
@@ -208,7 +207,7 @@ fn shaped_rows(shaped: &Shaped, release: &Path, python: &Path, out: &Path) -> Re
         }
         cmd::run(peer)?;
     }
-    ceiling(release, &strs(&args(PLACEMENTS[0], "3")), out, shaped.name)?;
+    super::ceiling(release, &strs(&args(PLACEMENTS[0], "3")), out, shaped.name)?;
     for backend in ["ring", "mpi"] {
         for ranks in ["2", "4"] {
             for placement in PLACEMENTS {
@@ -223,58 +222,6 @@ fn shaped_rows(shaped: &Shaped, release: &Path, python: &Path, out: &Path) -> Re
 /// The arguments as `&str`s.
 fn strs(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
-}
-
-/// What two processes get at all on this machine: two one-rank runs of
-/// `bench_generate ARGS` (on model `name`) started together; one row
-/// `"impl": "ceiling"` with the sum of their tokens/s.
-fn ceiling(release: &Path, args: &[&str], out: &Path, name: &str) -> Result<(), String> {
-    let parts: Vec<_> = (0..2)
-        .map(|i| out.with_file_name(format!("moe-ceiling-{name}-{i}.jsonl")))
-        .collect();
-    let children = parts
-        .iter()
-        .map(|part| {
-            std::fs::write(part, "")
-                .map_err(|e| format!("cannot write {}: {e}", part.display()))?;
-            Command::new(release.join("safemlx-launch"))
-                .args(["-n", "1", "--timeout", "1800", "--"])
-                .arg(release.join("examples").join("bench_generate"))
-                .args(args)
-                .arg("--out")
-                .arg(part)
-                .env("OPENBLAS_NUM_THREADS", "1")
-                .spawn()
-                .map_err(|e| format!("cannot start bench_generate: {e}"))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    for mut child in children {
-        let status = child.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("a ceiling run of bench_generate failed: {status}"));
-        }
-    }
-    let runs: Vec<Value> = parts
-        .iter()
-        .map(|p| super::read_rows(p))
-        .collect::<Result<Vec<_>, _>>()?
-        .into_iter()
-        .flatten()
-        .collect();
-    let sum = |key: &str| runs.iter().filter_map(|r| r[key].as_f64()).sum::<f64>();
-    let row = serde_json::json!({
-        "impl": "ceiling",
-        "model": runs.first().map(|r| r["model"].clone()),
-        "runs": runs.len(),
-        "prefill_tokens_per_s": sum("prefill_tokens_per_s"),
-        "decode_tokens_per_s": sum("decode_tokens_per_s"),
-    });
-    println!("{row}");
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(out)
-        .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
-    writeln!(file, "{row}").map_err(|e| e.to_string())
 }
 
 fn layer<'a>(
