@@ -37,7 +37,11 @@ pub fn run(release: &Path, smollm2: &Path, trials: usize, seed: &mut u64) -> Vec
     for trial in 0..trials {
         for backend in ["ring", "mpi"] {
             let delay = Duration::from_millis(4000 + next(seed) % 2000);
-            cases.push(decode_stop(release, smollm2, backend, delay, trial));
+            cases.push(decode_stop(release, smollm2, (backend, None), delay, trial));
+            // The same with the ranks as two pipeline stages.
+            let delay = Duration::from_millis(4000 + next(seed) % 2000);
+            let layout = (backend, Some("pp=2"));
+            cases.push(decode_stop(release, smollm2, layout, delay, trial));
         }
         cases.push(same_ports(release, trial, seed));
         for backend in ["ring", "mpi"] {
@@ -93,14 +97,23 @@ fn last_line(bytes: &[u8]) -> String {
         .to_owned()
 }
 
+/// Rank 1 of a 2-rank `generate` SIGSTOPped `delay` into its decode
+/// (tensor parallel, or as pipeline stage 1 with `mesh`): the run must end
+/// within 30 s, naming rank 1.
 fn decode_stop(
     release: &Path,
     smollm2: &Path,
-    backend: &str,
+    (backend, mesh): (&str, Option<&str>),
     delay: Duration,
     trial: usize,
 ) -> Case {
+    let name = if mesh.is_some() {
+        "decode-stop-pp2"
+    } else {
+        "decode-stop"
+    };
     let id = format!("decode-{backend}-{trial}-{}", std::process::id());
+    let mesh_args = mesh.map_or(Vec::new(), |m| vec!["--mesh", m]);
     let spawned = Command::new(release.join("safemlx-launch"))
         .args(["-n", "2", "--backend", backend, "--"])
         .arg(release.join("examples/generate"))
@@ -108,6 +121,7 @@ fn decode_stop(
         .arg(smollm2)
         .args(["--chat", "--prompt", "Write a long story about a dragon."])
         .args(["--max-tokens", "400", "--backend", backend])
+        .args(&mesh_args)
         .env(MARKER, &id)
         .env("SAFEMLX_DIST_TIMEOUT", "5")
         .stdout(Stdio::null())
@@ -116,13 +130,7 @@ fn decode_stop(
     let child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            return case(
-                "decode-stop",
-                backend,
-                trial,
-                Some(e.to_string()),
-                json!({}),
-            )
+            return case(name, backend, trial, Some(e.to_string()), json!({}));
         }
     };
     std::thread::sleep(delay);
@@ -142,7 +150,7 @@ fn decode_stop(
             "rank 1 was not running after {delay:?}: {}",
             last_line(&out.stderr)
         );
-        return case("decode-stop", backend, trial, Some(why), json!({}));
+        return case(name, backend, trial, Some(why), json!({}));
     };
     let signal = |s: &str| {
         let _ = Command::new("kill")
@@ -169,7 +177,7 @@ fn decode_stop(
         None
     };
     let extra = json!({"stopped_after_s": delay.as_secs_f64(), "seconds_to_end": seconds, "message": message});
-    case("decode-stop", backend, trial, failure, extra)
+    case(name, backend, trial, failure, extra)
 }
 
 /// A `tp_mlp` checkpoint of random weights drawn from `seed`.

@@ -115,7 +115,11 @@ pub fn generate_stages(
         let rows = model.forward_stage(StageInput::Hidden(rows), cache, s)?;
         if !stage.is_last() {
             link.send_hidden(&rows, last_chunk, s)?;
-        } else if last_chunk {
+        } else if !last_chunk {
+            // Now, while the stages before run the next chunk: left lazy,
+            // every chunk would run at the end, after theirs.
+            crate::runtime::eval(&[rows.local()])?;
+        } else {
             let token = sample_logits(&model.stage_last_logits(&rows, s)?, sampler, s)?;
             link.send_token(token, s)?;
             if eos.contains(&token) {
@@ -174,7 +178,10 @@ pub fn forward_stages(
         };
         let rows = model.forward_stage(input, &mut cache, s)?;
         if stage.is_last() {
-            logits.push(model.stage_logits(&rows, s)?);
+            let chunk_logits = model.stage_logits(&rows, s)?;
+            // Overlapping the stages before, as in `generate_stages`.
+            crate::runtime::eval(&[chunk_logits.local()])?;
+            logits.push(chunk_logits);
         } else {
             link.send_hidden(&rows, c + 1 == chunks.len(), s)?;
         }
