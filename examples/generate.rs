@@ -20,7 +20,7 @@
 //! layer (tensor parallel). Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
-//! rank 0 without peers), compares the prompt's logits (maximum relative
+//! rank 0, or of a pipeline's last stage, without peers), compares the prompt's logits (maximum relative
 //! error, at most 1e-4) and checks that the greedy tokens agree.
 
 use std::io::Write;

@@ -129,6 +129,14 @@ pub struct Generated {
 }
 
 impl Generated {
+    /// Nothing generated yet after a prompt of `tokens` tokens.
+    fn of_prompt(tokens: usize) -> Self {
+        Self {
+            prompt_tokens: tokens,
+            ..Self::default()
+        }
+    }
+
     /// Prompt tokens per second.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         self.prompt_tokens as f64 / self.prefill_seconds.max(1e-9)
@@ -155,19 +163,33 @@ pub fn generate(
     max_tokens: usize,
     sampler: &mut Sampler,
     eos: &[u32],
-    mut on_token: impl FnMut(u32) -> Result<()>,
+    on_token: impl FnMut(u32) -> Result<()>,
     s: &Stream,
 ) -> Result<Generated> {
-    let mut out = Generated {
-        prompt_tokens: prompt.len(),
-        ..Generated::default()
-    };
+    let mut out = Generated::of_prompt(prompt.len());
     if max_tokens == 0 {
         return Ok(out);
     }
     let started = Instant::now();
-    let mut next = step(model, cache, prompt, sampler, s)?;
+    let first = step(model, cache, prompt, sampler, s)?;
     out.prefill_seconds = started.elapsed().as_secs_f64();
+    decode_loop(&mut out, first, (max_tokens, eos), on_token, |token| {
+        step(model, cache, &[token], sampler, s)
+    })?;
+    Ok(out)
+}
+
+/// The decode steps after the prefill's token `next`: each token is kept
+/// and passed to `on_token` until one of `eos` (not kept) or `max_tokens`
+/// kept; `step` runs a kept token and returns the next. Fills `out`'s
+/// tokens, stop and decode timing.
+fn decode_loop(
+    out: &mut Generated,
+    mut next: u32,
+    (max_tokens, eos): (usize, &[u32]),
+    mut on_token: impl FnMut(u32) -> Result<()>,
+    mut step: impl FnMut(u32) -> Result<u32>,
+) -> Result<()> {
     let decode_started = Instant::now();
     loop {
         if eos.contains(&next) {
@@ -179,11 +201,11 @@ pub fn generate(
         if out.tokens.len() >= max_tokens {
             break;
         }
-        next = step(model, cache, &[next], sampler, s)?;
+        next = step(next)?;
         out.decode_steps += 1;
     }
     out.decode_seconds = decode_started.elapsed().as_secs_f64();
-    Ok(out)
+    Ok(())
 }
 
 /// Runs `tokens` through the model and samples the token after the last.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use safemlx::{Array, Dtype, Stream};
 
-use super::{generate, sample_logits, Generated, Sampler};
+use super::{decode_loop, generate, sample_logits, Generated, Sampler};
 use crate::error::{Error, Result};
 use crate::models::{Llama, StageInput};
 use crate::nn::KvCache;
@@ -45,7 +45,7 @@ pub fn generate_stages(
     limits: (usize, usize),
     sampler: &mut Sampler,
     eos: &[u32],
-    mut on_token: impl FnMut(u32) -> Result<()>,
+    on_token: impl FnMut(u32) -> Result<()>,
     s: &Stream,
 ) -> Result<Generated> {
     let (max_tokens, prefill_chunk) = limits;
@@ -68,10 +68,7 @@ pub fn generate_stages(
     if stage.is_whole() {
         return generate(model, cache, prompt, max_tokens, sampler, eos, on_token, s);
     }
-    let mut out = Generated {
-        prompt_tokens: prompt.len(),
-        ..Generated::default()
-    };
+    let mut out = Generated::of_prompt(prompt.len());
     if max_tokens == 0 {
         return Ok(out);
     }
@@ -82,25 +79,13 @@ pub fn generate_stages(
             let rows = model.forward_stage(StageInput::Tokens(chunk), cache, s)?;
             link.send_hidden(&rows, c + 1 == chunks.len(), s)?;
         }
-        let mut next = receive_token(link, model, s)?;
+        let first = receive_token(link, model, s)?;
         out.prefill_seconds = started.elapsed().as_secs_f64();
-        let decode_started = Instant::now();
-        loop {
-            if eos.contains(&next) {
-                out.stopped_at_eos = true;
-                break;
-            }
-            out.tokens.push(next);
-            on_token(next)?;
-            if out.tokens.len() >= max_tokens {
-                break;
-            }
-            let rows = model.forward_stage(StageInput::Tokens(&[next]), cache, s)?;
+        decode_loop(&mut out, first, (max_tokens, eos), on_token, |token| {
+            let rows = model.forward_stage(StageInput::Tokens(&[token]), cache, s)?;
             link.send_hidden(&rows, true, s)?;
-            next = receive_token(link, model, s)?;
-            out.decode_steps += 1;
-        }
-        out.decode_seconds = decode_started.elapsed().as_secs_f64();
+            receive_token(link, model, s)
+        })?;
         link.send_stop(s)?;
         return Ok(out);
     }
