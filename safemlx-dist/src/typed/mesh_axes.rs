@@ -11,13 +11,13 @@ use crate::error::{Error, Result};
 /// are consecutive, so on MLX's ring they are neighbours).
 ///
 /// ```
-/// use safemlx_dist::typed::MeshAxes;
+/// use safemlx_dist::typed::{MeshAxes, MeshSpec};
 ///
-/// let axes: MeshAxes = "pp=2".parse()?;
-/// assert_eq!(axes.resolve(2)?, MeshAxes { pp: 2, tp: 1 });
-/// assert_eq!("tp=4".parse::<MeshAxes>()?.resolve(4)?.to_string(), "pp=1,tp=4");
+/// let spec: MeshSpec = "pp=2".parse()?;
+/// assert_eq!(spec.resolve(2)?, MeshAxes { pp: 2, tp: 1 });
+/// assert_eq!("tp=4".parse::<MeshSpec>()?.resolve(4)?.to_string(), "pp=1,tp=4");
 /// assert_eq!(
-///     "pp=2,tp=2".parse::<MeshAxes>()?.resolve(3).unwrap_err().to_string(),
+///     "pp=2,tp=2".parse::<MeshSpec>()?.resolve(3).unwrap_err().to_string(),
 ///     "--mesh pp=2,tp=2 needs 4 ranks (2 x 2) but the run has 3; launch it with -n 4 or change the axes"
 /// );
 /// # Ok::<(), safemlx_dist::Error>(())
@@ -67,33 +67,6 @@ impl MeshSpec {
             )));
         }
         Ok(axes)
-    }
-}
-
-impl MeshAxes {
-    /// See [`MeshSpec::resolve`].
-    ///
-    /// # Errors
-    /// Those of [`MeshSpec::resolve`].
-    pub fn resolve(self, world: usize) -> Result<Self> {
-        MeshSpec {
-            pp: Some(self.pp),
-            tp: Some(self.tp),
-        }
-        .resolve(world)
-    }
-}
-
-impl FromStr for MeshAxes {
-    type Err = Error;
-
-    /// `pp=2,tp=2`; an axis left out is 1.
-    fn from_str(text: &str) -> Result<Self> {
-        let spec: MeshSpec = text.parse()?;
-        Ok(Self {
-            pp: spec.pp.unwrap_or(1),
-            tp: spec.tp.unwrap_or(1),
-        })
     }
 }
 

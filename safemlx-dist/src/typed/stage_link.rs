@@ -21,6 +21,10 @@ use crate::error::{Error, Result};
 use crate::runtime::{self, Group};
 
 const HEADER: i32 = 7;
+/// A header's kinds.
+const STOP: i32 = 0;
+const HIDDEN: i32 = 1;
+const TOKEN: i32 = 2;
 
 /// What crossed a boundary.
 #[derive(Debug)]
@@ -41,7 +45,8 @@ pub enum StageMessage {
 
 /// This rank's two boundaries: from the previous stage and to the next
 /// (the last stage's "next" is the first stage).
-#[derive(Debug, Clone)]
+/// Not `Clone`: the sequence numbers it counts are the boundary's.
+#[derive(Debug)]
 pub struct StageLink {
     world: Group,
     tensor: Group,
@@ -115,7 +120,7 @@ impl StageLink {
             }
         };
         let dtype = dtype_code(rows.local().dtype())?;
-        self.send_header([1, 0, t, d, dtype, i32::from(last_chunk), -1], s)?;
+        self.send_header([HIDDEN, 0, t, d, dtype, i32::from(last_chunk), -1], s)?;
         self.world.enter_point_to_point("stage_send", rows.local());
         let sent = runtime::send(rows.local(), self.next(), &self.world, s)?;
         runtime::eval(&[&sent])
@@ -130,7 +135,7 @@ impl StageLink {
             return Err(Error::Shape("only the last stage sends tokens".to_owned()));
         }
         let token = i32::try_from(token).map_err(|_| overflow(token))?;
-        self.send_header([2, 0, 0, 0, 0, 1, token], s)
+        self.send_header([TOKEN, 0, 0, 0, 0, 1, token], s)
     }
 
     /// Sends the end of the generation to the next stage (none after the
@@ -142,7 +147,7 @@ impl StageLink {
         if self.next() == 0 {
             return Ok(());
         }
-        self.send_header([0, 0, 0, 0, 0, 1, -1], s)
+        self.send_header([STOP, 0, 0, 0, 0, 1, -1], s)
     }
 
     /// The next message from the previous stage, whose rows must be
@@ -157,7 +162,7 @@ impl StageLink {
         let from = self.previous();
         self.world.enter_point_to_point("stage_recv", &like);
         let header = runtime::recv_like(&like, from, &self.world, s)?;
-        let header = read(&header)?;
+        let header = runtime::read_back::<i32>(&header, "stage header")?;
         let expected = self.received.get();
         self.received.set(expected.wrapping_add(1));
         let [kind, seq, t, d, code, last, token] = header[..] else {
@@ -172,11 +177,11 @@ impl StageLink {
         }
         let from_last = self.stage() == 0;
         match (kind, from_last) {
-            (0, false) => Ok(StageMessage::Stop),
-            (2, true) => u32::try_from(token)
+            (STOP, false) => Ok(StageMessage::Stop),
+            (TOKEN, true) => u32::try_from(token)
                 .map(StageMessage::Token)
                 .map_err(|_| self.mismatch(from, "a token id", &token.to_string())),
-            (1, false) => {
+            (HIDDEN, false) => {
                 let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
                 if t < 1 || (Some(d), code) != want {
                     return Err(self.mismatch(
@@ -223,15 +228,6 @@ impl StageLink {
 
 fn overflow(token: u32) -> Error {
     Error::Shape(format!("token id {token} does not fit a stage header"))
-}
-
-fn read(header: &Array) -> Result<Vec<i32>> {
-    runtime::eval(&[header])?;
-    header
-        .clone()
-        .into_evaluated()?
-        .try_to_vec::<i32>()
-        .map_err(|e| Error::Shape(format!("cannot read a stage header: {e}")))
 }
 
 /// The dtypes a stage boundary carries.
