@@ -6,14 +6,27 @@
 
 use safemlx::{Array, Dtype, Stream};
 
+use super::chain::Chain;
 use super::composed::{self, Combine};
 use super::exchange;
 use super::group::Group;
 use super::lowering::{self, AllReducePlan, SumScatterPlan};
 use super::native::{self, Unary};
+use super::path;
 use super::profile;
 use super::validate;
-use crate::error::{PeerRole, Result};
+use crate::error::{Error, PeerRole, Result};
+
+/// The ring-neighbour subgroup `group` is, refused while a gradient is
+/// traced (its composition of `send`/`recv` has no gradient rule).
+fn untraced_path(group: &Group) -> Result<Option<&Chain>> {
+    match group.path() {
+        Some(_) if super::gradient_sum::is_tracing() => Err(Error::Setting(
+            "a gradient through a collective of a mesh axis composed of send/recv (ring, JACCL) is not supported; train on MPI or NCCL, whose axes are MLX groups".to_owned(),
+        )),
+        path => Ok(path),
+    }
+}
 
 fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
     let name = match op {
@@ -23,6 +36,14 @@ fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Ar
         _ => "all_reduce",
     };
     group.enter(name, input);
+    if let Some(chain) = untraced_path(group)? {
+        let combine = Combine::of(op).unwrap_or(Combine::Sum);
+        return group.in_order(input, |input| {
+            profile::timed(input, || {
+                path::all_reduce(chain, group.rank(), input, combine, stream)
+            })
+        });
+    }
     if super::gradient_sum::is_tracing() && !group.is_singleton() && op != Unary::AllSum {
         return extremum_with_gradient(op, input, group, stream);
     }
@@ -115,9 +136,11 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
     }
     validate::all_gather(input.shape(), group.size())?;
     group.enter("all_gather", input);
+    let chain = untraced_path(group)?;
     group.in_order(input, |input| {
-        profile::timed(input, || {
-            native::unary(Unary::AllGather, input, group.native()?, stream.as_ref())
+        profile::timed(input, || match chain {
+            Some(chain) => path::all_gather(chain, group.rank(), input, stream.as_ref()),
+            None => native::unary(Unary::AllGather, input, group.native()?, stream.as_ref()),
         })
     })
 }
@@ -143,6 +166,13 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     validate::sum_scatter(input.shape(), group.size())?;
     group.enter("sum_scatter", input);
     let stream = stream.as_ref();
+    if let Some(chain) = untraced_path(group)? {
+        return group.in_order(input, |input| {
+            profile::timed(input, || {
+                path::sum_scatter(chain, group.rank(), input, stream)
+            })
+        });
+    }
     group.in_order(input, |input| {
         profile::timed(input, || {
             let plan = if super::gradient_sum::is_tracing() {
@@ -198,6 +228,20 @@ pub fn all_to_all_v(
         return Ok(input.clone());
     }
     group.enter("all_to_all_v", input);
+    if let Some(chain) = untraced_path(group)? {
+        return group.in_order(input, |input| {
+            profile::timed(input, || {
+                path::all_to_all_v(
+                    chain,
+                    group.rank(),
+                    input,
+                    &counts.send,
+                    &counts.recv,
+                    stream.as_ref(),
+                )
+            })
+        });
+    }
     group.in_order(input, |input| {
         profile::timed(input, || {
             native::all_to_all_v(
@@ -222,6 +266,10 @@ pub fn send(
     stream: impl AsRef<Stream>,
 ) -> Result<Array> {
     let destination = validate::peer(destination, group.size(), PeerRole::Destination)?;
+    if let Some(chain) = group.path() {
+        let peer = chain.neighbour(group.rank(), usize::try_from(destination).unwrap_or(0))?;
+        return native::send(input, peer, chain.world(), stream.as_ref());
+    }
     native::send(input, destination, group.native()?, stream.as_ref())
 }
 
@@ -237,6 +285,10 @@ pub fn recv(
 ) -> Result<Array> {
     validate::recv_shape(shape)?;
     let source = validate::peer(source, group.size(), PeerRole::Source)?;
+    if let Some(chain) = group.path() {
+        let peer = chain.neighbour(group.rank(), usize::try_from(source).unwrap_or(0))?;
+        return native::recv(shape, dtype, peer, chain.world(), stream.as_ref());
+    }
     native::recv(shape, dtype, source, group.native()?, stream.as_ref())
 }
 
@@ -248,5 +300,9 @@ pub fn recv_like(
     stream: impl AsRef<Stream>,
 ) -> Result<Array> {
     let source = validate::peer(source, group.size(), PeerRole::Source)?;
+    if let Some(chain) = group.path() {
+        let peer = chain.neighbour(group.rank(), usize::try_from(source).unwrap_or(0))?;
+        return native::recv_like(like, peer, chain.world(), stream.as_ref());
+    }
     native::recv_like(like, source, group.native()?, stream.as_ref())
 }

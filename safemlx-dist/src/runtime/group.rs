@@ -7,6 +7,7 @@ use std::rc::Rc;
 use safemlx::Array;
 
 use super::backend::Backend;
+use super::chain::Chain;
 use super::lowering::Lowering;
 use super::native::{self, NativeGroup};
 use super::p2p_streams::P2pStreams;
@@ -19,8 +20,11 @@ use crate::error::{Error, Result};
 /// use from several threads. Rank and size are read once, at creation.
 #[derive(Clone)]
 pub struct Group {
-    /// `None` for [`Group::local`], which never reaches MLX.
+    /// `None` for [`Group::local`], which never reaches MLX, and for a
+    /// subgroup composed of `send`/`recv` (`path`).
     native: Option<Rc<NativeGroup>>,
+    /// A subgroup of ring neighbours (see `path.rs`).
+    path: Option<Rc<Chain>>,
     rank: usize,
     size: usize,
     backend: Backend,
@@ -49,6 +53,7 @@ impl Group {
         let rank = rank_ok.ok_or_else(invalid)?;
         Ok(Self {
             native: Some(Rc::new(native)),
+            path: None,
             rank,
             size,
             backend,
@@ -81,6 +86,7 @@ impl Group {
     pub fn local() -> Self {
         Self {
             native: None,
+            path: None,
             rank: 0,
             size: 1,
             backend: Backend::Any,
@@ -90,6 +96,32 @@ impl Group {
             p2p_entered: Rc::default(),
             last: Rc::default(),
         }
+    }
+
+    /// The subgroup of `members` (this group's ranks, by subgroup rank)
+    /// as member `me`, its collectives composed of `send`/`recv` between
+    /// ring neighbours (`path.rs`): a mesh axis on a backend that cannot
+    /// split. `None` when the members are not consecutive on the ring.
+    pub(super) fn neighbours(&self, members: Vec<usize>, me: usize) -> Option<Self> {
+        let native = self.native.clone()?;
+        let chain = Chain::new(native, self.size, self.p2p.clone(), members)?;
+        Some(Self {
+            native: None,
+            rank: me,
+            size: chain.len(),
+            backend: self.backend,
+            lowering: self.lowering,
+            p2p: Rc::default(),
+            entered: Rc::default(),
+            p2p_entered: Rc::default(),
+            last: Rc::default(),
+            path: Some(Rc::new(chain)),
+        })
+    }
+
+    /// The ring-neighbour subgroup this group is, if it is one.
+    pub(crate) fn path(&self) -> Option<&Chain> {
+        self.path.as_deref()
     }
 
     /// Counts a collective `op` on this group (see `progress.rs`).
@@ -190,9 +222,14 @@ impl Group {
     /// MLX's group; an error for [`Group::local`], whose collectives all
     /// return before reaching MLX.
     pub(crate) fn native(&self) -> Result<&NativeGroup> {
+        let message = if self.path.is_some() {
+            "a mesh axis on a backend that cannot split (ring, JACCL) is composed of send/recv and has no MLX group: gradients through its collectives and splitting it need MPI or NCCL"
+        } else {
+            "a local group (Group::local) has no MLX group"
+        };
         self.native.as_deref().ok_or(Error::Native {
             operation: "mlx_distributed_group",
-            message: "a local group (Group::local) has no MLX group".to_owned(),
+            message: message.to_owned(),
         })
     }
 
