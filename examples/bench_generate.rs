@@ -26,7 +26,7 @@ use safemlx_dist::generate::{generate_stages, Sampler};
 use safemlx_dist::models::{load_stage, load_with, LayerSplit, LoadOptions, Storage};
 use safemlx_dist::nn::{gather_logits, ExpertPlacement};
 use safemlx_dist::typed::{MeshSpec, StageLink};
-use safemlx_dist::{all_sum, init, Group};
+use safemlx_dist::{all_sum, init, DeviceMesh};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median, values};
 
 fn main() -> ExitCode {
@@ -105,8 +105,22 @@ fn run() -> Result<(), String> {
     let axes = mesh.resolve(n).map_err(err)?;
     let chunk = number("--prefill-chunk", 64)?;
     let options = LoadOptions { weights, experts };
-    let loaded = if axes.pp > 1 {
-        load_stage(path, options, &LayerSplit::Even(axes.pp), rank, &s)
+    let mesh = if axes.pp > 1 {
+        Some(DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?)
+    } else {
+        None
+    };
+    let loaded = if let Some(mesh) = &mesh {
+        let split = LayerSplit::Even(axes.pp);
+        let stage = mesh.coord("pp").map_err(err)?;
+        load_stage(
+            mesh.axis("tp").map_err(err)?,
+            path,
+            options,
+            &split,
+            stage,
+            &s,
+        )
     } else {
         load_with(&group, path, options, &s)
     }
@@ -130,8 +144,8 @@ fn run() -> Result<(), String> {
         )
     };
     let (mut prefill, mut decode_runs, mut graph_us) = (Vec::new(), Vec::new(), Vec::new());
-    if axes.pp > 1 {
-        let link = StageLink::new(&group, &Group::local()).map_err(err)?;
+    if let Some(mesh) = &mesh {
+        let link = StageLink::new(mesh).map_err(err)?;
         for run in 0..=repeats {
             let mut cache = model.new_cache();
             let limits = (decode + 1, chunk);

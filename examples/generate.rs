@@ -32,7 +32,7 @@ use safemlx_dist::generate::{generate, generate_stages, Generated, Sampler};
 use safemlx_dist::models::{load_stage, load_with, LayerSplit, LoadOptions, Loaded, Storage};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::typed::{MeshSpec, StageLink};
-use safemlx_dist::{init, Backend, Group};
+use safemlx_dist::{init, Backend, DeviceMesh};
 use safemlx_dist_examples::cpu_stream;
 
 #[path = "generate/check.rs"]
@@ -219,9 +219,10 @@ fn run() -> Result<(), String> {
                 axes.pp
             ));
         }
-        let local = Group::local();
-        let link = StageLink::new(&group, &local).map_err(err)?;
-        let loaded = load_stage(&o.model, o.load, &split, rank, &s).map_err(err)?;
+        let mesh = DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
+        let link = StageLink::new(&mesh).map_err(err)?;
+        let (tensor, stage) = (mesh.axis("tp").map_err(err)?, link.stage());
+        let loaded = load_stage(tensor, &o.model, o.load, &split, stage, &s).map_err(err)?;
         (loaded, Some(link))
     } else {
         (load_with(&group, &o.model, o.load, &s).map_err(err)?, None)

@@ -56,8 +56,8 @@ pub fn write_reference(
     .map_err(err)
 }
 
-/// `--check`: the rank holding the logits (rank 0, or a pipeline's last
-/// stage) runs the reference in a child process with no peers, then
+/// `--check`: one rank holding the logits (rank 0, or a pipeline's last
+/// rank) runs the reference in a child process with no peers, then
 /// compares; every rank waits on it (an `all_sum` as a barrier) and
 /// computes the same distributed logits and greedy tokens.
 pub fn check(
@@ -118,10 +118,12 @@ pub fn check(
         .tokens
     };
     let mut outcome = Ok(());
-    // Every rank holds the gathered logits outside a pipeline; rank 0 compares.
+    // Every rank of the group (of the last stage, in a pipeline) holds the
+    // gathered logits; one compares: rank 0, or the pipeline's last rank.
+    let (rank, n) = (group.rank(), group.size());
     let compares = full
         .as_ref()
-        .filter(|_| link.is_some() || group.rank() == 0);
+        .filter(|_| rank == if link.is_some() { n - 1 } else { 0 });
     if let Some(full) = compares {
         outcome = compare_with_reference(full.local(), &greedy, (group.rank(), group.size()));
     }

@@ -1,6 +1,6 @@
-//! Pipeline stages, one rank each, on real processes: the prompt's logits
-//! through the stages equal mlx-lm's goldens and the whole model in one
-//! process, with the prompt in one chunk and in chunks of 2 (several
+//! Pipeline stages on real processes, one rank each and two tensor-parallel
+//! ranks each (`pp x tp` = 2 x 2): the prompt's logits through the stages
+//! equal mlx-lm's goldens and the whole model in one process, with the prompt in one chunk and in chunks of 2 (several
 //! chunks in flight); greedy generation through the stages (each stage's
 //! own KV cache) gives the whole model's tokens, and each of those tokens
 //! is the argmax of recomputing the whole sequence; stage boundaries check
@@ -13,7 +13,7 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{LayerSplit, Llama, LlamaConfig, Stage};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::typed::StageLink;
-use safemlx_dist::{Backend, Group};
+use safemlx_dist::{Backend, DeviceMesh, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::models::{golden, golden_dir};
@@ -32,6 +32,16 @@ const CASES: [(&str, &str); 4] = [
 /// Stage `index` of `split` of the golden model `case` (the whole model
 /// with `None`), read over a one-rank group, and the bytes it read.
 fn load(case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> (Llama, u64) {
+    load_over(&Group::local(), case, stage, s)
+}
+
+/// [`load`] tensor parallel over `tensor`.
+fn load_over(
+    tensor: &Group,
+    case: &str,
+    stage: Option<(&LayerSplit, usize)>,
+    s: &Stream,
+) -> (Llama, u64) {
     let dir = HfDirectory::open(golden_dir(case)).expect("opens");
     let path = dir.path().display().to_string();
     let config = LlamaConfig::from_hf(dir.config(), &path).expect("config");
@@ -40,12 +50,14 @@ fn load(case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> (Llama, 
         None => Ok(Stage::whole(config.layers)),
     }
     .expect("stage");
-    let model = Llama::load_stage(&Weights::new(&dir, &Group::local()), config, stage, s);
+    let model = Llama::load_stage(&Weights::new(&dir, tensor), config, stage, s);
     (model.expect("loads"), dir.bytes_read())
 }
 
-/// Every case whose layer count allows `split`, through the stages.
-fn check_cases(world: &Group, split: &LayerSplit) {
+/// Every case whose layer count allows `split`, through the stages of
+/// `tp` ranks each.
+fn check_cases(world: &Group, split: &LayerSplit, tp: usize) {
+    let mesh = DeviceMesh::new(world, &[("pp", world.size() / tp), ("tp", tp)]).expect("mesh");
     for (case, about) in CASES {
         let layers = serde_json::from_str::<serde_json::Value>(
             &std::fs::read_to_string(golden_dir(case).join("config.json")).unwrap(),
@@ -54,22 +66,27 @@ fn check_cases(world: &Group, split: &LayerSplit) {
             .as_u64()
             .unwrap() as usize;
         if layers >= split.stages() {
-            check_case(world, split, case, about);
+            check_case(&mesh, split, case, about);
         }
     }
 }
 
-fn check_case(world: &Group, split: &LayerSplit, case: &str, about: &str) {
+fn check_case(mesh: &DeviceMesh, split: &LayerSplit, case: &str, about: &str) {
     let s = cpu();
-    let (rank, n) = (world.rank(), world.size());
-    let what = format!("{case} ({about}), stage {rank} of {n}, split {split:?}");
+    let link = StageLink::new(mesh).expect("link");
+    let (rank, n) = (link.stage(), link.stages());
+    assert_eq!(rank, mesh.coord("pp").unwrap());
+    let tensor = mesh.axis("tp").unwrap();
+    let what = format!(
+        "{case} ({about}), stage {rank} of {n}, mesh {mesh}, world rank {}, split {split:?}",
+        mesh.world().rank()
+    );
     let dir = golden_dir(case);
-    let (model, _) = load(case, Some((split, rank)), &s);
+    let (model, _) = load_over(tensor, case, Some((split, rank)), &s);
     let model = &model;
     let want_layers = split.ranges(model.config().layers).unwrap()[rank].clone();
     assert_eq!(model.stage().layers, want_layers, "{what}");
     assert_eq!(model.new_cache().layers.len(), want_layers.len(), "{what}");
-    let link = StageLink::new(world, &Group::local()).expect("link");
     let (prompt, want) = golden(&dir.join("golden.safetensors"), &s);
     let t = prompt.len();
     // The whole model in this process: the dense reference.
@@ -160,21 +177,31 @@ fn stages_equal_mlx_lm_and_one_process_on_ring() {
     for n in 2..=4 {
         Ranks::new(n)
             .backend(Backend::Ring)
-            .run_test(|world| check_cases(world, &LayerSplit::Even(world.size())))
+            .run_test(|world| check_cases(world, &LayerSplit::Even(world.size()), 1))
             .unwrap_or_else(|e| panic!("{n} ring stages: {e}"));
     }
     // 3:1 over 5 layers: 4 + 1.
     Ranks::new(2)
         .backend(Backend::Ring)
-        .run_test(|world| check_cases(world, &"3:1".parse().unwrap()))
+        .run_test(|world| check_cases(world, &"3:1".parse().unwrap(), 1))
         .unwrap_or_else(|e| panic!("2 ring stages split 3:1: {e}"));
+}
+
+#[test]
+fn stages_of_two_tensor_parallel_ranks_equal_mlx_lm_on_ring_and_mpi() {
+    for backend in [Backend::Ring, Backend::Mpi] {
+        Ranks::new(4)
+            .backend(backend)
+            .run_test(|world| check_cases(world, &LayerSplit::Even(2), 2))
+            .unwrap_or_else(|e| panic!("pp=2,tp=2 on {backend}: {e}"));
+    }
 }
 
 #[test]
 fn stages_equal_mlx_lm_under_mpi() {
     Ranks::new(2)
         .backend(Backend::Mpi)
-        .run_test(|world| check_cases(world, &LayerSplit::Even(2)))
+        .run_test(|world| check_cases(world, &LayerSplit::Even(2), 1))
         .unwrap_or_else(|e| panic!("2 MPI stages: {e}"));
 }
 
@@ -187,6 +214,11 @@ fn mismatched_stages_are_refused() {
     assert_eq!(
         error,
         "3 pipeline stages for a model of 2 layers: every stage needs a layer; use at most 2 stages"
+    );
+    let swapped = DeviceMesh::new(&Group::local(), &[("tp", 1), ("pp", 1)]).unwrap();
+    assert_eq!(
+        StageLink::new(&swapped).unwrap_err().to_string(),
+        "pipeline stages need a mesh of axes pp then tp; got tp=1,pp=1"
     );
     let case = "llama/llama-tied-kv3";
     let (stage1, part) = load(case, Some((&LayerSplit::Even(2), 1)), &s);

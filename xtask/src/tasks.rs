@@ -123,8 +123,9 @@ pub fn demo() -> Result<(), String> {
         args.push("--check");
         launch(ranks, "generate", &args)?;
     }
-    // The same model as pipeline stages: pp=2 (15 + 15 layers) and pp=3.
-    for (ranks, mesh) in [("2", "pp=2"), ("3", "pp=3")] {
+    // The same model as pipeline stages: pp=2 (15 + 15 layers), pp=3, and
+    // 2 stages of 2 tensor-parallel ranks each.
+    for (ranks, mesh) in [("2", "pp=2"), ("3", "pp=3"), ("4", "pp=2,tp=2")] {
         let mut args = chat.to_vec();
         args.extend(["--mesh", mesh, "--check"]);
         launch(ranks, "generate", &args)?;

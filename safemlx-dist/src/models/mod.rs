@@ -116,22 +116,23 @@ pub fn load_with(group: &Group, path: &Path, options: LoadOptions, s: &Stream) -
 }
 
 /// Loads stage `stage` of the pipeline `split` makes of the model at
-/// `path` (a Hugging Face directory or a GGUF file), one rank per stage:
+/// `path` (a Hugging Face directory or a GGUF file), tensor parallel over
+/// `tensor` (the stage's ranks; [`Group::local`] for one rank per stage):
 /// only that stage's layers (and the embedding on the first stage, the
-/// final norm and LM head on the last) are read, whole, over
-/// [`Group::local`].
+/// final norm and LM head on the last) are read.
 ///
 /// # Errors
 /// Those of [`load_with`] and of [`LayerSplit::ranges`] for the model's
 /// layer count, or a stage past the last.
 pub fn load_stage(
+    tensor: &Group,
     path: &Path,
     options: LoadOptions,
     split: &LayerSplit,
     stage: usize,
     s: &Stream,
 ) -> Result<Loaded> {
-    load_part(&Group::local(), path, options, Some((split, stage)), s)
+    load_part(tensor, path, options, Some((split, stage)), s)
 }
 
 fn load_part(

@@ -155,6 +155,11 @@ impl DeviceMesh {
         &self.coords
     }
 
+    /// The axis names, in the order given.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
     /// The axis sizes, in the order given.
     pub fn sizes(&self) -> &[usize] {
         &self.sizes

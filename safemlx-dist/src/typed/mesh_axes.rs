@@ -7,8 +7,10 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 /// The axes of a mesh over the world group, `pp` outer: world rank
-/// `r` is stage `r / tp`, tensor-parallel rank `r % tp` (a stage's ranks
-/// are consecutive, so on MLX's ring they are neighbours).
+/// `r` is stage `r / tp` (a stage's ranks are consecutive, so on MLX's ring
+/// they are neighbours); its tensor-parallel rank follows
+/// [`DeviceMesh`](crate::runtime::DeviceMesh)'s order, which the mesh of these axes
+/// gives.
 ///
 /// ```
 /// use safemlx_dist::typed::{MeshAxes, MeshSpec};

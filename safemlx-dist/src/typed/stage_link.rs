@@ -1,9 +1,20 @@
 //! The boundaries between consecutive pipeline stages, seen from one rank.
 //!
-//! Stage `k` is world rank `k`, so consecutive stages are neighbours of
-//! MLX's ring (the only peers its `send`/`recv` reach), and the last stage
-//! and the first are neighbours too (the ring closes): the sampled token
-//! goes back to the first stage in one hop.
+//! On a [`DeviceMesh`] of axes `pp` x `tp`, stage `k` is world ranks
+//! `k * tp .. (k + 1) * tp`, consecutive on MLX's ring (the only peers its
+//! `send`/`recv` reach). Every message travels one ring hop at a time, from
+//! world rank `r - 1` to `r`: a stage's last rank (its exit) sends the
+//! stage's output to the next stage's first rank, and every rank but a
+//! stage's exit passes what it receives on to the next rank of its stage,
+//! so each rank of a stage receives the same messages in the same order.
+//! The last stage's exit and world rank 0 are neighbours too (the ring
+//! closes): the sampled token goes back to the first stage in one hop.
+//!
+//! ```text
+//! pp=2, tp=2:   rank 0 -> rank 1 -> rank 2 -> rank 3 -> rank 0
+//!               stage 0   stage 0   stage 1   stage 1
+//!               passes    exit      passes    exit (the token)
+//! ```
 //!
 //! Only a [`ShardedArray<Replicated>`] crosses a boundary: an unreduced
 //! `Partial` or a shard does not compile as a stage's output. Every
@@ -18,7 +29,7 @@ use safemlx::{Array, Dtype, Stream};
 
 use super::{Replicated, ShardedArray};
 use crate::error::{Error, Result};
-use crate::runtime::{self, Group};
+use crate::runtime::{self, DeviceMesh, Group};
 
 const HEADER: i32 = 7;
 /// A header's kinds.
@@ -50,28 +61,28 @@ pub enum StageMessage {
 pub struct StageLink {
     world: Group,
     tensor: Group,
+    stages: usize,
     sent: std::cell::Cell<i32>,
     received: std::cell::Cell<i32>,
 }
 
 impl StageLink {
-    /// The boundaries of world rank `world.rank()` as stage of a pipeline
-    /// of `world.size()` stages, each stage's arrays over `tensor` (its
-    /// tensor-parallel group, [`Group::local`] for one rank per stage).
+    /// The boundaries of this rank on `mesh`, whose axes must be `pp`
+    /// (the stages) then `tp` (each stage's tensor-parallel group, the
+    /// group its arrays are over).
     ///
     /// # Errors
-    /// A `tensor` group of several ranks: stages of several ranks are not
-    /// supported yet.
-    pub fn new(world: &Group, tensor: &Group) -> Result<Self> {
-        if tensor.size() != 1 {
+    /// A mesh of other axes.
+    pub fn new(mesh: &DeviceMesh) -> Result<Self> {
+        if mesh.names().collect::<Vec<_>>() != ["pp", "tp"] {
             return Err(Error::Setting(format!(
-                "pipeline stages of {} ranks (pp x tp) are not supported yet; give each stage one rank",
-                tensor.size()
+                "pipeline stages need a mesh of axes pp then tp; got {mesh}"
             )));
         }
         Ok(Self {
-            world: world.clone(),
-            tensor: tensor.clone(),
+            world: mesh.world().clone(),
+            tensor: mesh.axis("tp")?.clone(),
+            stages: mesh.sizes()[0],
             sent: std::cell::Cell::new(0),
             received: std::cell::Cell::new(0),
         })
@@ -79,20 +90,30 @@ impl StageLink {
 
     /// This rank's stage.
     pub fn stage(&self) -> usize {
-        self.world.rank()
+        self.world.rank() / self.tensor.size()
     }
 
     /// The number of stages.
     pub fn stages(&self) -> usize {
-        self.world.size()
+        self.stages
+    }
+
+    /// Whether this rank sends its stage's output (the stage's last rank
+    /// on the ring); the others pass on what they receive.
+    fn is_exit(&self) -> bool {
+        self.world.rank() % self.tensor.size() + 1 == self.tensor.size()
+    }
+
+    fn is_last(&self) -> bool {
+        self.stage() + 1 == self.stages
     }
 
     fn next(&self) -> usize {
-        (self.stage() + 1) % self.stages()
+        (self.world.rank() + 1) % self.world.size()
     }
 
     fn previous(&self) -> usize {
-        (self.stage() + self.stages() - 1) % self.stages()
+        (self.world.rank() + self.world.size() - 1) % self.world.size()
     }
 
     /// Sends `rows` to the next stage.
@@ -106,7 +127,7 @@ impl StageLink {
         last_chunk: bool,
         s: &Stream,
     ) -> Result<()> {
-        if self.next() == 0 {
+        if self.is_last() {
             return Err(Error::Shape(
                 "the last stage sends tokens, not hidden rows".to_owned(),
             ));
@@ -120,6 +141,12 @@ impl StageLink {
             }
         };
         let dtype = dtype_code(rows.local().dtype())?;
+        if !self.is_exit() {
+            // The next rank of this stage got these rows' input already; the
+            // rows are still computed now, since the stage's collectives
+            // need this rank (left lazy, its exit would wait for it).
+            return runtime::eval(&[rows.local()]);
+        }
         self.send_header([HIDDEN, 0, t, d, dtype, i32::from(last_chunk), -1], s)?;
         self.world.enter_point_to_point("stage_send", rows.local());
         let sent = runtime::send(rows.local(), self.next(), &self.world, s)?;
@@ -131,10 +158,13 @@ impl StageLink {
     /// # Errors
     /// A stage other than the last, or the transport's error.
     pub fn send_token(&self, token: u32, s: &Stream) -> Result<()> {
-        if self.next() != 0 {
+        if !self.is_last() {
             return Err(Error::Shape("only the last stage sends tokens".to_owned()));
         }
         let token = i32::try_from(token).map_err(|_| overflow(token))?;
+        if !self.is_exit() {
+            return Ok(());
+        }
         self.send_header([TOKEN, 0, 0, 0, 0, 1, token], s)
     }
 
@@ -144,7 +174,7 @@ impl StageLink {
     /// # Errors
     /// The transport's error.
     pub fn send_stop(&self, s: &Stream) -> Result<()> {
-        if self.next() == 0 {
+        if self.is_last() || !self.is_exit() {
             return Ok(());
         }
         self.send_header([STOP, 0, 0, 0, 0, 1, -1], s)
@@ -161,8 +191,9 @@ impl StageLink {
         let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
         let from = self.previous();
         self.world.enter_point_to_point("stage_recv", &like);
-        let header = runtime::recv_like(&like, from, &self.world, s)?;
-        let header = runtime::read_back::<i32>(&header, "stage header")?;
+        let received = runtime::recv_like(&like, from, &self.world, s)?;
+        let header = runtime::read_back::<i32>(&received, "stage header")?;
+        self.pass_on(&received, s)?;
         let expected = self.received.get();
         self.received.set(expected.wrapping_add(1));
         let [kind, seq, t, d, code, last, token] = header[..] else {
@@ -190,8 +221,10 @@ impl StageLink {
                         &format!("[{t}, {d}] rows of dtype code {code}"),
                     ));
                 }
+                self.world.enter_point_to_point("stage_recv", &like);
                 let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
                 runtime::eval(&[&received])?;
+                self.pass_on(&received, s)?;
                 Ok(StageMessage::Hidden {
                     rows: ShardedArray::from_local(received, &self.tensor, &[t, d])?,
                     last_chunk: last != 0,
@@ -209,6 +242,16 @@ impl StageLink {
         }
     }
 
+    /// Passes what this rank received on to the next rank of its stage.
+    fn pass_on(&self, received: &Array, s: &Stream) -> Result<()> {
+        if self.is_exit() {
+            return Ok(());
+        }
+        self.world.enter_point_to_point("stage_pass", received);
+        let sent = runtime::send(received, self.next(), &self.world, s)?;
+        runtime::eval(&[&sent])
+    }
+
     fn send_header(&self, mut header: [i32; HEADER as usize], s: &Stream) -> Result<()> {
         header[1] = self.sent.get();
         self.sent.set(header[1].wrapping_add(1));
@@ -219,8 +262,14 @@ impl StageLink {
     }
 
     fn mismatch(&self, from: usize, expected: &str, got: &str) -> Error {
+        let tp = self.tensor.size();
+        let sender = if tp == 1 {
+            format!("stage {from}")
+        } else {
+            format!("rank {from} (stage {})", from / tp)
+        };
         Error::Shape(format!(
-            "pipeline stage {} expected {expected} from stage {from} but got {got}",
+            "pipeline stage {} expected {expected} from {sender} but got {got}",
             self.stage()
         ))
     }
