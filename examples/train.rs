@@ -4,6 +4,7 @@
 //! ```text
 //! safemlx-launch -n N -- target/release/examples/train [--out DIR] [--steps K (200)]
 //!     [--lr LR] [--seq T] [--resume] [--data-parallel R]
+//!     [--mesh pp=P] [--micro-batches M (4)]
 //!     [--width D (64)] [--hidden H (128)] [--layers L (2)] [--bench FILE]
 //! ```
 //!
@@ -17,6 +18,10 @@
 //! ranks are `R` replicas of the model split over `N / R` ranks each; each
 //! replica takes its own window per step and the gradients are averaged
 //! over the replicas (`grad::average_gradients`).
+//! With `--mesh pp=P` (`-n P`) the layers are split into P pipeline stages
+//! of one rank each and each step takes M windows as GPipe micro-batches
+//! through them (`train/pipeline.rs`); `--mesh pp=1` on one rank is the
+//! same schedule in one process, the dense reference of its loss curve.
 //! Rank 0 shows a progress bar and prints the loss and tokens/s; at the end
 //! each rank saves its parameters and AdamW state
 //! (`DIR/checkpoint-N/rank-R.safetensors`, resumed with `--resume`), rank 0
@@ -40,6 +45,9 @@ use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::{CollectiveProfile, Group, Replicated, ShardedArray};
 use safemlx_dist_examples::train_model::{corpus, write_model, Size, HEADS};
 use safemlx_dist_examples::{backend_from_args, cpu_stream, flag, median};
+
+#[path = "train/pipeline.rs"]
+mod pipeline;
 
 fn main() -> ExitCode {
     safemlx_dist_examples::exit("train", run())
@@ -71,14 +79,9 @@ struct Saved {
     losses: Vec<f32>,
 }
 
-/// `DIR/checkpoint-N[-dpR]/rank-K.safetensors`.
-fn checkpoint_path(out: &Path, group: &Group, replicas: usize) -> PathBuf {
-    let run = if replicas > 1 {
-        format!("checkpoint-{}-dp{replicas}", group.size())
-    } else {
-        format!("checkpoint-{}", group.size())
-    };
-    out.join(run)
+/// `DIR/checkpoint-N[-dpR|-pp]/rank-K.safetensors`.
+fn checkpoint_path(out: &Path, group: &Group, run: &str) -> PathBuf {
+    out.join(format!("checkpoint-{}{run}", group.size()))
         .join(format!("rank-{}.safetensors", group.rank()))
 }
 
@@ -179,7 +182,7 @@ fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
 }
 
 fn run() -> Result<(), String> {
-    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
+    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--mesh", Some("pp=P"), "Pipeline stages, one rank each"), ("--micro-batches", Some("M"), "Windows per step through the pipeline (4)"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
     let s = cpu_stream();
     let backend = backend_from_args()?;
     let world = safemlx_dist::init(false, backend).map_err(err)?;
@@ -215,10 +218,21 @@ fn run() -> Result<(), String> {
         replica,
         replicas,
     } = groups(world, replicas)?;
+    let micro_batches = number("--micro-batches", "4")? as usize;
+    let pipe = pipeline::setup(&world, flag("--mesh").as_deref(), micro_batches, replicas)?;
+    if pipe.is_some() && bench.is_some() {
+        return Err(
+            "--bench measures tensor- and data-parallel training; it does not take --mesh yet"
+                .to_owned(),
+        );
+    }
     let model_dir = out.join("model");
     write_model(&model_dir, size, &world, &s)?;
     let dir = HfDirectory::open(&model_dir).map_err(err)?;
-    let mut model = Llama::from_hf(&tp, &dir, &s).map_err(err)?;
+    let mut model = match &pipe {
+        Some(p) => pipeline::load(p, &dir, &s)?,
+        None => Llama::from_hf(&tp, &dir, &s).map_err(err)?,
+    };
     let c = model.config();
     let held = (
         c.hidden_size as i32,
@@ -235,7 +249,12 @@ fn run() -> Result<(), String> {
         ));
     }
     let mut adam = AdamW::new(lr);
-    let path = checkpoint_path(&out, &world, replicas);
+    let run = match (&pipe, replicas) {
+        (Some(_), _) => "-pp".to_owned(),
+        (None, 1) => String::new(),
+        (None, r) => format!("-dp{r}"),
+    };
+    let path = checkpoint_path(&out, &world, &run);
     let mut losses = Vec::new();
     if resuming {
         let (resumed, saved) = resume(&path, &model, &mut adam, &s)?;
@@ -265,39 +284,47 @@ fn run() -> Result<(), String> {
     let profiled = if bench.is_some() { 2 } else { 0 };
     let mut times = Vec::new();
     let mut collective = Vec::new();
-    let tokens_per_step = seq * replicas;
+    let tokens_per_step = seq * pipe.as_ref().map_or(replicas, |p| p.micro_batches);
     let started = Instant::now();
     let first = losses.len();
     for step in first..first + steps + profiled {
-        // Each replica its own window.
-        let at = ((step * replicas + replica) % windows) * seq;
-        let tokens: Vec<u32> = text[at..at + seq].iter().map(|&b| u32::from(b)).collect();
-        let targets: Vec<i32> = text[at + 1..at + seq + 1]
-            .iter()
-            .map(|&b| i32::from(b))
-            .collect();
-        let targets = Array::from_slice(&targets, &[seq as i32]);
         let profile = (step >= first + steps).then(CollectiveProfile::start);
         let timer = Instant::now();
-        let (loss, grads) = value_and_grad_of(&model, |m| {
-            let logits = m.forward(&tokens, &mut m.new_cache(), &s)?;
-            cross_entropy(&gather_logits(&logits, 0..seq, &s)?, &targets, &tp, &s)
-        })
-        .map_err(err)?;
-        let (grads, loss) = match &dp {
-            Some(dp) => (
-                average_gradients(&grads, dp, 4 << 20, &s).map_err(err)?,
-                safemlx_dist::all_sum(&loss, dp, &s)
-                    .map_err(err)?
-                    .divide(Array::from_f32(replicas as f32), &s)
-                    .map_err(err)?,
-            ),
-            None => (grads, loss),
+        let (loss, norm) = if let Some(p) = &pipe {
+            let window = (text.as_slice(), seq, step * p.micro_batches, windows);
+            let (next, loss, norm) = pipeline::step(p, (&model, &mut adam), window, &s)?;
+            model = next;
+            (Array::from_f32(loss), norm)
+        } else {
+            // Each replica its own window.
+            let at = ((step * replicas + replica) % windows) * seq;
+            let tokens: Vec<u32> = text[at..at + seq].iter().map(|&b| u32::from(b)).collect();
+            let targets: Vec<i32> = text[at + 1..at + seq + 1]
+                .iter()
+                .map(|&b| i32::from(b))
+                .collect();
+            let targets = Array::from_slice(&targets, &[seq as i32]);
+            let (loss, grads) = value_and_grad_of(&model, |m| {
+                let logits = m.forward(&tokens, &mut m.new_cache(), &s)?;
+                cross_entropy(&gather_logits(&logits, 0..seq, &s)?, &targets, &tp, &s)
+            })
+            .map_err(err)?;
+            let (grads, loss) = match &dp {
+                Some(dp) => (
+                    average_gradients(&grads, dp, 4 << 20, &s).map_err(err)?,
+                    safemlx_dist::all_sum(&loss, dp, &s)
+                        .map_err(err)?
+                        .divide(Array::from_f32(replicas as f32), &s)
+                        .map_err(err)?,
+                ),
+                None => (grads, loss),
+            };
+            let (grads, norm) = clip_grad_norm(&grads, 1.0, &tp, &s).map_err(err)?;
+            model = adam.update(&model, &grads, &s).map_err(err)?;
+            let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
+            safemlx_dist::eval(&locals.iter().chain([&loss]).collect::<Vec<_>>()).map_err(err)?;
+            (loss, norm)
         };
-        let (grads, norm) = clip_grad_norm(&grads, 1.0, &tp, &s).map_err(err)?;
-        model = adam.update(&model, &grads, &s).map_err(err)?;
-        let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
-        safemlx_dist::eval(&locals.iter().chain([&loss]).collect::<Vec<_>>()).map_err(err)?;
         let seconds = timer.elapsed().as_secs_f64();
         if let Some(profile) = profile {
             collective.push(profile.stop().seconds / seconds);
@@ -325,7 +352,13 @@ fn run() -> Result<(), String> {
     }
     bar.finish();
     let seconds = started.elapsed().as_secs_f64();
-    let layout = if replicas > 1 {
+    let layout = if let Some(p) = &pipe {
+        format!(
+            "ranks: {} (pipeline stages, {} micro-batches)",
+            world.size(),
+            p.micro_batches
+        )
+    } else if replicas > 1 {
         format!(
             "ranks: {} ({replicas} replicas of {})",
             world.size(),
@@ -383,11 +416,7 @@ fn run() -> Result<(), String> {
             "rank 0: saved each rank's checkpoint under {}",
             path.parent().unwrap_or(&out).display()
         );
-        let name = if replicas > 1 {
-            format!("loss-{}-dp{replicas}.json", world.size())
-        } else {
-            format!("loss-{}.json", world.size())
-        };
+        let name = format!("loss-{}{run}.json", world.size());
         let curve = out.join(name);
         std::fs::write(&curve, serde_json::to_string(&losses).map_err(err)?).map_err(err)?;
         let png = safemlx_dist_examples::loss_plot::plot(&out)?;

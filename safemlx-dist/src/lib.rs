@@ -42,6 +42,7 @@ pub mod nn;
 pub mod optim;
 mod runtime;
 pub mod tokenizer;
+pub mod train;
 pub mod typed;
 
 /// What `#[sharded]` expands to calls; not a public API.

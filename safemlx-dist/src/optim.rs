@@ -132,6 +132,19 @@ pub fn clip_grad_norm<M: Parameters>(
     group: &Group,
     s: &Stream,
 ) -> Result<(M, f32)> {
+    clip_counting(grads, max_norm, group, |_, copies| copies, s)
+}
+
+/// [`clip_grad_norm`] with each parameter's array counted as one of
+/// `copies(index, held_by)` copies across `group` (`held_by`: the ranks
+/// holding it, [`Parameter::copies`](crate::grad::Parameter::copies)).
+pub(crate) fn clip_counting<M: Parameters>(
+    grads: &M,
+    max_norm: f32,
+    group: &Group,
+    copies: impl Fn(usize, usize) -> usize,
+    s: &Stream,
+) -> Result<(M, f32)> {
     if !(max_norm > 0.0 && max_norm.is_finite()) {
         return Err(Error::Setting(format!(
             "clip_grad_norm: max_norm must be a positive number, got {max_norm}"
@@ -140,10 +153,11 @@ pub fn clip_grad_norm<M: Parameters>(
     // Each rank adds its arrays' squares, a copy held by k ranks at 1/k.
     let mut own = Array::from_f32(0.0);
     let params = grads.parameters();
-    for p in &params {
+    for (i, p) in params.iter().enumerate() {
         let mut sq = p.local.square(s)?.sum(None, s)?;
-        if p.copies > 1 {
-            sq = sq.divide(Array::from_f32(p.copies as f32), s)?;
+        let copies = copies(i, p.copies);
+        if copies > 1 {
+            sq = sq.divide(Array::from_f32(copies as f32), s)?;
         }
         own = own.add(&sq, s)?;
     }

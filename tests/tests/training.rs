@@ -307,6 +307,68 @@ fn the_train_example_follows_one_rank_and_resumes() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// The example through 2 pipeline stages (3 layers: 2 + 1) with 3
+/// micro-batches per step follows the same schedule in one process, and
+/// resumes from its per-stage checkpoints; a layout it cannot train is
+/// refused.
+#[test]
+fn the_train_example_trains_through_pipeline_stages_and_resumes() {
+    let base = std::env::temp_dir().join(format!("safemlx-train-pp-{}", std::process::id()));
+    let (whole, halves) = (base.join("whole"), base.join("halves"));
+    let _ = std::fs::remove_dir_all(&base);
+    let args = |steps: &'static str, mesh: &'static str| {
+        [
+            "--steps",
+            steps,
+            "--layers",
+            "3",
+            "--micro-batches",
+            "3",
+            "--mesh",
+            mesh,
+        ]
+    };
+    train(1, &whole, &args("12", "pp=1"));
+    let out = train(2, &whole, &args("12", "pp=2"));
+    assert!(
+        out.contains("ranks: 2 (pipeline stages, 3 micro-batches), 12 steps of 192 tokens"),
+        "{out}"
+    );
+    let (one, two) = (
+        curve(whole.join("loss-1-pp.json")),
+        curve(whole.join("loss-2-pp.json")),
+    );
+    assert_eq!((one.len(), two.len()), (12, 12));
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "step {step}: 2 stages {b} vs 1 {a}"
+        );
+    }
+    assert!(two[11] < 0.8 * two[0], "the loss did not fall: {two:?}");
+    train(2, &halves, &args("6", "pp=2"));
+    let out = train(
+        2,
+        &halves,
+        &[&args("6", "pp=2")[..], &["--resume"]].concat(),
+    );
+    assert!(out.contains("resumed after step 6"), "{out}");
+    let resumed = curve(halves.join("loss-2-pp.json"));
+    for (step, (a, b)) in two.iter().zip(&resumed).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "step {step}: resumed {b} vs {a}"
+        );
+    }
+    let (out, ok) = train_on(2, "ring", &halves, &["--mesh", "pp=1,tp=2"]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("--mesh pp=1,tp=2: training through a pipeline takes stages of one rank each"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
 /// Data parallel x tensor parallel on 4 MPI ranks: 2 replicas of a model
 /// split over 2 ranks each, each replica taking half of the rows; the
 /// averaged gradients give the dense full-batch curve.

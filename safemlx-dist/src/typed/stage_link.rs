@@ -25,6 +25,8 @@
 //! Each send and receive is evaluated at once and bounded by
 //! `SAFEMLX_DIST_TIMEOUT` like a collective.
 
+use std::cell::Cell;
+
 use safemlx::{Array, Dtype, Stream};
 
 use super::{Replicated, ShardedArray};
@@ -36,6 +38,7 @@ const HEADER: i32 = 7;
 const STOP: i32 = 0;
 const HIDDEN: i32 = 1;
 const TOKEN: i32 = 2;
+const GRADIENT: i32 = 3;
 
 /// What crossed a boundary.
 #[derive(Debug)]
@@ -62,8 +65,11 @@ pub struct StageLink {
     world: Group,
     tensor: Group,
     stages: usize,
-    sent: std::cell::Cell<i32>,
-    received: std::cell::Cell<i32>,
+    sent: Cell<i32>,
+    received: Cell<i32>,
+    /// Gradients sent back to the previous stage and received from the next.
+    sent_back: Cell<i32>,
+    received_back: Cell<i32>,
 }
 
 impl StageLink {
@@ -83,8 +89,10 @@ impl StageLink {
             world: mesh.world().clone(),
             tensor: mesh.axis("tp")?.clone(),
             stages: mesh.sizes()[0],
-            sent: std::cell::Cell::new(0),
-            received: std::cell::Cell::new(0),
+            sent: Cell::new(0),
+            received: Cell::new(0),
+            sent_back: Cell::new(0),
+            received_back: Cell::new(0),
         })
     }
 
@@ -132,15 +140,7 @@ impl StageLink {
                 "the last stage sends tokens, not hidden rows".to_owned(),
             ));
         }
-        let (t, d) = match rows.global_shape() {
-            [t, d] => (*t, *d),
-            shape => {
-                return Err(Error::Shape(format!(
-                    "a stage sends [T, D] rows; got {shape:?}"
-                )))
-            }
-        };
-        let dtype = dtype_code(rows.local().dtype())?;
+        let (t, d, dtype) = rows_header(rows)?;
         if !self.is_exit() {
             // The next rank of this stage got these rows' input already; the
             // rows are still computed now, since the stage's collectives
@@ -148,9 +148,7 @@ impl StageLink {
             return runtime::eval(&[rows.local()]);
         }
         self.send_header([HIDDEN, 0, t, d, dtype, i32::from(last_chunk), -1], s)?;
-        self.world.enter_point_to_point("stage_send", rows.local());
-        let sent = runtime::send(rows.local(), self.next(), &self.world, s)?;
-        runtime::eval(&[&sent])
+        self.send_payload(rows.local(), self.next(), s)
     }
 
     /// Sends the sampled `token` from the last stage to the first.
@@ -178,6 +176,120 @@ impl StageLink {
             return Ok(());
         }
         self.send_header([STOP, 0, 0, 0, 0, 1, -1], s)
+    }
+
+    /// The world group the stages span.
+    pub fn world(&self) -> &Group {
+        &self.world
+    }
+
+    /// This stage's tensor-parallel group: what the rows it receives are
+    /// replicated over.
+    pub fn tensor(&self) -> &Group {
+        &self.tensor
+    }
+
+    /// Training: sends the gradient of this stage's input rows back to the
+    /// previous stage.
+    ///
+    /// # Errors
+    /// The first stage (no stage before it), stages of several ranks (not
+    /// supported yet), rows that are not `[T, D]`, or the transport's error.
+    pub fn send_gradient(&self, rows: &ShardedArray<Replicated>, s: &Stream) -> Result<()> {
+        self.one_rank_per_stage()?;
+        if self.stage() == 0 {
+            return Err(Error::Shape(
+                "the first stage has no stage before it to send a gradient to".to_owned(),
+            ));
+        }
+        let (t, d, dtype) = rows_header(rows)?;
+        let header = [GRADIENT, 0, t, d, dtype, 1, -1];
+        self.send_header_to(self.previous(), &self.sent_back, header, s)?;
+        self.send_payload(rows.local(), self.previous(), s)
+    }
+
+    /// Training: the gradient of this stage's output rows from the next
+    /// stage, `[T, width]` of `dtype`, checked on its header first.
+    ///
+    /// # Errors
+    /// The last stage, stages of several ranks, a header that is not the
+    /// gradient expected (named), or the transport's error.
+    pub fn receive_gradient(&self, width: usize, dtype: Dtype, s: &Stream) -> Result<Array> {
+        self.one_rank_per_stage()?;
+        if self.is_last() {
+            return Err(Error::Shape(
+                "the last stage has no stage after it to receive a gradient from".to_owned(),
+            ));
+        }
+        let from = self.next();
+        let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
+        self.world.enter_point_to_point("stage_recv", &like);
+        let header = runtime::recv_like(&like, from, &self.world, s)?;
+        let header = runtime::read_back::<i32>(&header, "stage header")?;
+        let expected = self.received_back.get();
+        self.received_back.set(expected.wrapping_add(1));
+        let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
+        match header[..] {
+            [GRADIENT, seq, t, d, code, _, _]
+                if seq == expected && t >= 1 && (Some(d), code) == want =>
+            {
+                self.world.enter_point_to_point("stage_recv", &like);
+                let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
+                runtime::eval(&[&received])?;
+                Ok(received)
+            }
+            _ => Err(self.mismatch(
+                from,
+                &format!("gradient #{expected} of [T, {width}] {dtype:?} rows"),
+                &format!("{header:?}"),
+            )),
+        }
+    }
+
+    /// Training: adds nothing, but exchanges `mine` between the first and
+    /// the last stage (neighbours over the ring's wrap), which hold the
+    /// same tied embedding: returns the other end's array, of `mine`'s
+    /// shape and dtype.
+    ///
+    /// # Errors
+    /// A stage between them, stages of several ranks, or the transport's
+    /// error.
+    pub fn exchange_with_other_end(&self, mine: &Array, s: &Stream) -> Result<Array> {
+        self.one_rank_per_stage()?;
+        let first = self.stage() == 0;
+        if !first && !self.is_last() {
+            return Err(Error::Shape(format!(
+                "stage {} is neither end of the pipeline; only the first and last exchange",
+                self.stage()
+            )));
+        }
+        // The first stage sends, then receives; the last receives, then
+        // sends (an order that pairs up on MPI too).
+        let peer = if first { self.previous() } else { self.next() };
+        let receive = || -> Result<Array> {
+            self.world.enter_point_to_point("stage_recv", mine);
+            let theirs = runtime::recv_like(mine, peer, &self.world, s)?;
+            runtime::eval(&[&theirs])?;
+            Ok(theirs)
+        };
+        if first {
+            self.send_payload(mine, peer, s)?;
+            receive()
+        } else {
+            let theirs = receive()?;
+            self.send_payload(mine, peer, s)?;
+            Ok(theirs)
+        }
+    }
+
+    fn one_rank_per_stage(&self) -> Result<()> {
+        if self.tensor.size() == 1 {
+            return Ok(());
+        }
+        Err(Error::Setting(format!(
+            "training through pipeline stages of {} tensor-parallel ranks is not supported yet; give each stage one rank",
+            self.tensor.size()
+        )))
     }
 
     /// The next message from the previous stage, whose rows must be
@@ -252,12 +364,30 @@ impl StageLink {
         runtime::eval(&[&sent])
     }
 
-    fn send_header(&self, mut header: [i32; HEADER as usize], s: &Stream) -> Result<()> {
-        header[1] = self.sent.get();
-        self.sent.set(header[1].wrapping_add(1));
+    fn send_header(&self, header: [i32; HEADER as usize], s: &Stream) -> Result<()> {
+        self.send_header_to(self.next(), &self.sent, header, s)
+    }
+
+    /// Sends `header` to world rank `to`, numbered by `counter`.
+    fn send_header_to(
+        &self,
+        to: usize,
+        counter: &Cell<i32>,
+        mut header: [i32; HEADER as usize],
+        s: &Stream,
+    ) -> Result<()> {
+        header[1] = counter.get();
+        counter.set(header[1].wrapping_add(1));
         let header = Array::from_slice(&header, &[HEADER]);
         self.world.enter_point_to_point("stage_send", &header);
-        let sent = runtime::send(&header, self.next(), &self.world, s)?;
+        let sent = runtime::send(&header, to, &self.world, s)?;
+        runtime::eval(&[&sent])
+    }
+
+    /// Sends `payload` to world rank `to` as one recorded wait.
+    fn send_payload(&self, payload: &Array, to: usize, s: &Stream) -> Result<()> {
+        self.world.enter_point_to_point("stage_send", payload);
+        let sent = runtime::send(payload, to, &self.world, s)?;
         runtime::eval(&[&sent])
     }
 
@@ -272,6 +402,16 @@ impl StageLink {
             "pipeline stage {} expected {expected} from {sender} but got {got}",
             self.stage()
         ))
+    }
+}
+
+/// Rows, columns and dtype code of `[T, D]` rows for a header.
+fn rows_header(rows: &ShardedArray<Replicated>) -> Result<(i32, i32, i32)> {
+    match rows.global_shape() {
+        [t, d] => Ok((*t, *d, dtype_code(rows.local().dtype())?)),
+        shape => Err(Error::Shape(format!(
+            "a stage sends [T, D] rows; got {shape:?}"
+        ))),
     }
 }
 
