@@ -11,7 +11,7 @@ use safemlx_dist::checkpoint::{HfDirectory, Weights};
 use safemlx_dist::generate::{forward_stages, generate, generate_stages, Sampler};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{LayerSplit, Llama, LlamaConfig, Stage};
-use safemlx_dist::nn::gather_logits;
+use safemlx_dist::nn::{gather_logits, ExpertPlacement};
 use safemlx_dist::typed::StageLink;
 use safemlx_dist::{Backend, DeviceMesh, Group};
 use safemlx_dist_tests::cpu;
@@ -19,7 +19,7 @@ use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::models::{golden, golden_dir};
 
 /// (golden case, what it covers).
-const CASES: [(&str, &str); 4] = [
+const CASES: [(&str, &str); 7] = [
     (
         "llama/smollm2-5layers",
         "SmolLM2's heads, tied embeddings, 5 layers",
@@ -27,24 +27,41 @@ const CASES: [(&str, &str); 4] = [
     ("llama/llama-window", "sliding-window layers, untied"),
     ("moe/mixtral", "Mixtral's experts"),
     ("llama/qwen3-qknorm", "q/k norms"),
+    (
+        "moe/deepseek-v3",
+        "latent attention and its cache, group-limited routing",
+    ),
+    ("moe/gpt-oss", "sinks, alternating windows, MXFP4 experts"),
+    (
+        "moe/glm4-moe",
+        "partial rotary, shared experts, dense first layer",
+    ),
 ];
 
 /// Stage `index` of `split` of the golden model `case` (the whole model
 /// with `None`), read over a one-rank group, and the bytes it read.
 fn load(case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> (Llama, u64) {
-    load_over(&Group::local(), case, stage, s)
+    load_over(
+        (&Group::local(), ExpertPlacement::ExpertParallel),
+        case,
+        stage,
+        s,
+    )
 }
 
-/// [`load`] tensor parallel over `tensor`.
+/// [`load`] tensor parallel over `tensor`, experts placed by `experts`.
 fn load_over(
-    tensor: &Group,
+    (tensor, experts): (&Group, ExpertPlacement),
     case: &str,
     stage: Option<(&LayerSplit, usize)>,
     s: &Stream,
 ) -> (Llama, u64) {
     let dir = HfDirectory::open(golden_dir(case)).expect("opens");
     let path = dir.path().display().to_string();
-    let config = LlamaConfig::from_hf(dir.config(), &path).expect("config");
+    let mut config = LlamaConfig::from_hf(dir.config(), &path).expect("config");
+    if let Some(moe) = &mut config.moe {
+        moe.placement = experts;
+    }
     let stage = match stage {
         Some((split, index)) => Stage::of(split, index, config.layers),
         None => Ok(Stage::whole(config.layers)),
@@ -55,8 +72,8 @@ fn load_over(
 }
 
 /// Every case whose layer count allows `split`, through the stages of
-/// `tp` ranks each.
-fn check_cases(world: &Group, split: &LayerSplit, tp: usize) {
+/// `tp` ranks each (an MoE's experts placed by `experts` over them).
+fn check_cases(world: &Group, split: &LayerSplit, (tp, experts): (usize, ExpertPlacement)) {
     let mesh = DeviceMesh::new(world, &[("pp", world.size() / tp), ("tp", tp)]).expect("mesh");
     for (case, about) in CASES {
         let layers = serde_json::from_str::<serde_json::Value>(
@@ -66,23 +83,28 @@ fn check_cases(world: &Group, split: &LayerSplit, tp: usize) {
             .as_u64()
             .unwrap() as usize;
         if layers >= split.stages() {
-            check_case(&mesh, split, case, about);
+            check_case((&mesh, experts), split, case, about);
         }
     }
 }
 
-fn check_case(mesh: &DeviceMesh, split: &LayerSplit, case: &str, about: &str) {
+fn check_case(
+    (mesh, experts): (&DeviceMesh, ExpertPlacement),
+    split: &LayerSplit,
+    case: &str,
+    about: &str,
+) {
     let s = cpu();
     let link = StageLink::new(mesh).expect("link");
     let (rank, n) = (link.stage(), link.stages());
     assert_eq!(rank, mesh.coord("pp").unwrap());
     let tensor = mesh.axis("tp").unwrap();
     let what = format!(
-        "{case} ({about}), stage {rank} of {n}, mesh {mesh}, world rank {}, split {split:?}",
+        "{case} ({about}), stage {rank} of {n}, mesh {mesh}, world rank {}, split {split:?}, {experts:?}",
         mesh.world().rank()
     );
     let dir = golden_dir(case);
-    let (model, _) = load_over(tensor, case, Some((split, rank)), &s);
+    let (model, _) = load_over((tensor, experts), case, Some((split, rank)), &s);
     let model = &model;
     let want_layers = split.ranges(model.config().layers).unwrap()[rank].clone();
     assert_eq!(model.stage().layers, want_layers, "{what}");
@@ -177,23 +199,32 @@ fn stages_equal_mlx_lm_and_one_process_on_ring() {
     for n in 2..=4 {
         Ranks::new(n)
             .backend(Backend::Ring)
-            .run_test(|world| check_cases(world, &LayerSplit::Even(world.size()), 1))
+            .run_test(|world| check_cases(world, &LayerSplit::Even(world.size()), ONE))
             .unwrap_or_else(|e| panic!("{n} ring stages: {e}"));
     }
     // 3:1 over 5 layers: 4 + 1.
     Ranks::new(2)
         .backend(Backend::Ring)
-        .run_test(|world| check_cases(world, &"3:1".parse().unwrap(), 1))
+        .run_test(|world| check_cases(world, &"3:1".parse().unwrap(), ONE))
         .unwrap_or_else(|e| panic!("2 ring stages split 3:1: {e}"));
 }
 
+/// One rank per stage (the expert placement does not matter there).
+const ONE: (usize, ExpertPlacement) = (1, ExpertPlacement::ExpertParallel);
+
+/// 2 x 2: experts split across each stage's two ranks on ring, every
+/// expert sliced across them under MPI.
 #[test]
 fn stages_of_two_tensor_parallel_ranks_equal_mlx_lm_on_ring_and_mpi() {
-    for backend in [Backend::Ring, Backend::Mpi] {
+    let layouts = [
+        (Backend::Ring, ExpertPlacement::ExpertParallel),
+        (Backend::Mpi, ExpertPlacement::ExpertTensorParallel),
+    ];
+    for (backend, experts) in layouts {
         Ranks::new(4)
             .backend(backend)
-            .run_test(|world| check_cases(world, &LayerSplit::Even(2), 2))
-            .unwrap_or_else(|e| panic!("pp=2,tp=2 on {backend}: {e}"));
+            .run_test(|world| check_cases(world, &LayerSplit::Even(2), (2, experts)))
+            .unwrap_or_else(|e| panic!("pp=2,tp=2 on {backend}, {experts:?}: {e}"));
     }
 }
 
@@ -201,7 +232,7 @@ fn stages_of_two_tensor_parallel_ranks_equal_mlx_lm_on_ring_and_mpi() {
 fn stages_equal_mlx_lm_under_mpi() {
     Ranks::new(2)
         .backend(Backend::Mpi)
-        .run_test(|world| check_cases(world, &LayerSplit::Even(2), 1))
+        .run_test(|world| check_cases(world, &LayerSplit::Even(2), ONE))
         .unwrap_or_else(|e| panic!("2 MPI stages: {e}"));
 }
 
