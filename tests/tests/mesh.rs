@@ -1,9 +1,11 @@
 //! Every collective on every axis of 1x2, 2x1, 2x2, 1x3 and 3x1 meshes,
-//! between real processes on ring and MPI: each rank's data depends on its
-//! world rank, so a value from another subgroup shows; the subgroups of an
-//! axis run at once, and on a `2 x 2` mesh one of them runs an extra
-//! collective the other does not (subgroups are independent, as a
-//! pipeline's stages need).
+//! between real processes on ring and MPI, and of 2x3 and 3x2 meshes on
+//! ring, whose first axis has subgroups that are not ring neighbours
+//! (relayed through the world's `all_to_all_v`): each rank's data depends
+//! on its world rank, so a value from another subgroup shows; the
+//! subgroups of an axis run at once, and on a `2 x 2` mesh one of them
+//! runs an extra collective the other does not (subgroups of neighbours
+//! are independent, as a pipeline's stages need).
 
 use safemlx::Dtype;
 use safemlx_dist::launch::Ranks;
@@ -52,11 +54,11 @@ fn check_mesh(world: &Group, sizes: [usize; 2]) {
         assert_eq!(group.rank(), mesh.coord(name).unwrap(), "{what}");
         assert_eq!(members[group.rank()], w, "{what}");
         for dtype in [Dtype::Float32, Dtype::Int32] {
-            check_axis(group, &members, w, dtype, &what);
+            check_axis(group, &members, (w, world.size()), dtype, &what);
         }
         if sizes == [2, 2] && name == "tp" && mesh.coord("pp").unwrap() == 0 {
             // Only stage 0's subgroup: the other one is not waiting for it.
-            check_axis(group, &members, w, Dtype::Float32, &what);
+            check_axis(group, &members, (w, world.size()), Dtype::Float32, &what);
         }
     }
     assert_eq!(
@@ -70,7 +72,7 @@ fn check_mesh(world: &Group, sizes: [usize; 2]) {
 
 /// The collectives of one subgroup against values computed from its
 /// members' world ranks.
-fn check_axis(group: &Group, members: &[usize], w: usize, dtype: Dtype, what: &str) {
+fn check_axis(group: &Group, members: &[usize], (w, n): (usize, usize), dtype: Dtype, what: &str) {
     let s = cpu();
     let (r, k) = (group.rank(), group.size());
     let value = |world: usize, i: usize| ((world + 1) * 10 + i) as i32;
@@ -143,8 +145,15 @@ fn check_axis(group: &Group, members: &[usize], w: usize, dtype: Dtype, what: &s
     );
     assert_eq!(read(&y, dtype, &s), want, "{what}: all_to_all_v {dtype:?}");
 
-    // send/recv between the two members of a pair.
-    if k == 2 {
+    // send/recv between the two members of a pair of ring neighbours.
+    let neighbours = |a: usize, b: usize| (a + 1) % n == b || (b + 1) % n == a;
+    if k == 2 && !neighbours(members[0], members[1]) {
+        let error = send(&input, 1 - r, group, &s).unwrap_err().to_string();
+        assert!(
+            error.contains("MLX's ring reaches only neighbours"),
+            "{what}: {error}"
+        );
+    } else if k == 2 {
         let other = 1 - r;
         let mine = array(&[w as i32, 7], &[2], dtype, &s);
         let sent = send(&mine, other, group, &s).unwrap();
@@ -172,6 +181,13 @@ fn on(backend: Backend, meshes: &[[usize; 2]]) {
 #[test]
 fn every_collective_on_every_axis_on_ring() {
     on(Backend::Ring, &MESHES);
+}
+
+/// Meshes of 6 ranks (3 of them sharing each core here): on `2 x 3` the
+/// first axis pairs ranks 1 and 4, on `3 x 2` it groups 0, 3, 4 and 1, 2, 5.
+#[test]
+fn relayed_subgroups_on_ring() {
+    on(Backend::Ring, &[[2, 3], [3, 2]]);
 }
 
 #[test]

@@ -17,31 +17,51 @@ pub(crate) struct Chain {
     p2p: Rc<OnceCell<P2pStreams>>,
     /// World ranks of the members, by subgroup rank.
     members: Vec<usize>,
-    /// Subgroup ranks in ring order: consecutive entries are neighbours.
+    /// Subgroup ranks in ring order: consecutive entries are neighbours;
+    /// empty when the members are not consecutive on the ring (a relayed
+    /// subgroup, `relay.rs`).
     order: Vec<usize>,
+}
+
+/// `members` (world ranks) by subgroup rank in ring order, when they are
+/// consecutive on a ring of `n` ranks.
+fn ring_order(members: &[usize], n: usize) -> Option<Vec<usize>> {
+    // The chain starts at the member whose ring predecessor is not one.
+    let start = (0..members.len()).find(|&i| !members.contains(&((members[i] + n - 1) % n)))?;
+    (0..members.len())
+        .map(|step| {
+            let world_rank = (members[start] + step) % n;
+            members.iter().position(|&m| m == world_rank)
+        })
+        .collect()
+}
+
+/// Whether `members` (world ranks) are consecutive on a ring of `n`.
+pub(super) fn is_consecutive(members: &[usize], n: usize) -> bool {
+    members.len() >= n || ring_order(members, n).is_some()
 }
 
 impl Chain {
     /// The subgroup of `members` (world ranks, by subgroup rank) of a world
-    /// of `world_size` ranks, or `None` when they are not consecutive on
-    /// its ring (or are one rank, or all of them).
+    /// of `world_size` ranks: a chain when they are consecutive on its
+    /// ring and `relayed` is false, relayed otherwise; `None` for one rank
+    /// or all of them.
     pub(super) fn new(
         world: Rc<NativeGroup>,
         world_size: usize,
         p2p: Rc<OnceCell<P2pStreams>>,
         members: Vec<usize>,
+        relayed: bool,
     ) -> Option<Self> {
         let (n, k) = (world_size, members.len());
         if k < 2 || k >= n || members.iter().any(|&m| m >= n) {
             return None;
         }
-        // The chain starts at the member whose ring predecessor is not one.
-        let start = (0..k).find(|&i| !members.contains(&((members[i] + n - 1) % n)))?;
-        let mut order = Vec::with_capacity(k);
-        for step in 0..k {
-            let world_rank = (members[start] + step) % n;
-            order.push(members.iter().position(|&m| m == world_rank)?);
-        }
+        let order = if relayed {
+            Vec::new()
+        } else {
+            ring_order(&members, n).unwrap_or_default()
+        };
         Some(Self {
             world,
             world_size,
@@ -54,6 +74,22 @@ impl Chain {
     /// The number of members.
     pub(super) fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// Whether the members are not consecutive on the ring, so that their
+    /// collectives go through the world's (`relay.rs`).
+    pub(super) fn is_relayed(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// World ranks of the members, by subgroup rank.
+    pub(super) fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// The world's size.
+    pub(super) fn world_size(&self) -> usize {
+        self.world_size
     }
 
     /// The world group the members' messages travel on.

@@ -99,12 +99,14 @@ impl Group {
     }
 
     /// The subgroup of `members` (this group's ranks, by subgroup rank)
-    /// as member `me`, its collectives composed of `send`/`recv` between
-    /// ring neighbours (`path.rs`): a mesh axis on a backend that cannot
-    /// split. `None` when the members are not consecutive on the ring.
-    pub(super) fn neighbours(&self, members: Vec<usize>, me: usize) -> Option<Self> {
+    /// as member `me`, for a backend that cannot split: its collectives
+    /// are composed of `send`/`recv` between ring neighbours along the
+    /// members, consecutive on the ring (`path.rs`), or, when `relayed`,
+    /// go through this group's `all_to_all_v` (`relay.rs`). `None` for one
+    /// member or all of them.
+    pub(super) fn subgroup(&self, members: Vec<usize>, me: usize, relayed: bool) -> Option<Self> {
         let native = self.native.clone()?;
-        let chain = Chain::new(native, self.size, self.p2p.clone(), members)?;
+        let chain = Chain::new(native, self.size, self.p2p.clone(), members, relayed)?;
         Some(Self {
             native: None,
             rank: me,

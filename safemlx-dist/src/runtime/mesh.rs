@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::backend::Backend;
+use super::chain::is_consecutive;
 use super::group::Group;
 use crate::error::{Error, Result};
 
@@ -22,8 +23,10 @@ use crate::error::{Error, Result};
 /// world group (MLX's own split); on ring (and JACCL), which cannot split,
 /// the subgroup's collectives are composed of `send`/`recv` between
 /// consecutive ranks, its members only taking part. Members that are not
-/// consecutive on the ring would need relays through other ranks: an
-/// error today (no mesh of at most 4 ranks needs one).
+/// consecutive on the ring (no mesh of at most 4 ranks has them) are
+/// relayed through the world's `all_to_all_v`: every world rank then
+/// calls that axis's collectives at the same time, each for its own
+/// subgroup.
 ///
 /// ```
 /// use safemlx_dist::{mesh_coords, DeviceMesh, Group};
@@ -73,8 +76,7 @@ impl DeviceMesh {
     ///
     /// # Errors
     /// No axis, an empty or repeated name, a zero size, sizes whose product
-    /// is not the group's size (naming both), a subgroup that would need
-    /// relays on a backend that cannot split, or the split's error.
+    /// is not the group's size (naming both), or the split's error.
     pub fn new(world: &Group, axes: &[(&str, usize)]) -> Result<Self> {
         let names: Vec<String> = axes.iter().map(|(n, _)| (*n).to_owned()).collect();
         let sizes: Vec<usize> = axes.iter().map(|(_, s)| *s).collect();
@@ -102,19 +104,27 @@ impl DeviceMesh {
         }
         let table: Vec<Vec<usize>> = (0..ranks).map(|r| mesh_coords(r, &sizes)).collect();
         let coords = table[world.rank()].clone();
-        let mut groups = Vec::with_capacity(axes.len());
-        for (axis, name) in names.iter().enumerate() {
-            let members: Vec<usize> = (0..sizes[axis])
+        // The world ranks of the subgroup along `axis` through `at`.
+        let members = |axis: usize, at: &[usize]| -> Vec<usize> {
+            (0..sizes[axis])
                 .filter_map(|c| {
-                    let mut at = coords.clone();
+                    let mut at = at.to_vec();
                     at[axis] = c;
                     table.iter().position(|t| *t == at)
                 })
-                .collect();
-            groups.push(
-                axis_group(world, &members, coords[axis])
-                    .map_err(|e| bad(format!("axis `{name}` (world ranks {members:?}): {e}")))?,
-            );
+                .collect()
+        };
+        let mut groups = Vec::with_capacity(axes.len());
+        for (axis, name) in names.iter().enumerate() {
+            // One subgroup of the axis not consecutive on the ring: all of
+            // them relay, since a relay is a collective of the whole world.
+            let relayed = table
+                .iter()
+                .any(|at| !is_consecutive(&members(axis, at), ranks));
+            let mine = members(axis, &coords);
+            let group = axis_group(world, &mine, coords[axis], relayed)
+                .map_err(|e| bad(format!("axis `{name}` (world ranks {mine:?}): {e}")))?;
+            groups.push(group);
         }
         Ok(Self {
             world: world.clone(),
@@ -173,7 +183,7 @@ impl DeviceMesh {
 
 /// The subgroup of `members` (world ranks by axis coordinate) holding this
 /// rank as member `me`.
-fn axis_group(world: &Group, members: &[usize], me: usize) -> Result<Group> {
+fn axis_group(world: &Group, members: &[usize], me: usize, relayed: bool) -> Result<Group> {
     if members.len() == 1 {
         return Ok(Group::local());
     }
@@ -185,13 +195,15 @@ fn axis_group(world: &Group, members: &[usize], me: usize) -> Result<Group> {
         let color = i32::try_from(members[0]).unwrap_or(i32::MAX);
         return world.split(color, i32::try_from(me).ok());
     }
-    match world.neighbours(members.to_vec(), me) {
-        Some(group) => Ok(group),
-        None => Err(Error::Setting(format!(
-            "these ranks are not consecutive on the {} backend's ring and it cannot split groups; relaying between them is not built yet (use MPI, or a mesh whose subgroups are neighbours, such as any mesh of at most 4 ranks)",
-            world.backend()
-        ))),
-    }
+    world
+        .subgroup(members.to_vec(), me, relayed)
+        .ok_or_else(|| {
+            Error::Setting(format!(
+                "a subgroup of {} of the {} ranks cannot be composed",
+                members.len(),
+                world.size()
+            ))
+        })
 }
 
 fn describe(names: &[String], sizes: &[usize]) -> String {

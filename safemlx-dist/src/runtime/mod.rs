@@ -22,6 +22,7 @@ mod p2p_streams;
 mod path;
 mod profile;
 mod progress;
+mod relay;
 mod slicing;
 mod validate;
 

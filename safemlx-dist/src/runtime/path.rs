@@ -7,6 +7,7 @@
 //! order: its consecutive members are ring neighbours, the only peers MLX's
 //! ring `send`/`recv` reach. Only the members take part, so subgroups of one
 //! axis run independently (a pipeline's stages do different work at once).
+//! A subgroup that is not consecutive (a relayed one) goes to `relay.rs`.
 //!
 //! ```text
 //! reduce:   c0 -> c1 -> ... -> c(k-1)   partial sums, then the total
@@ -26,6 +27,7 @@ use safemlx::{Array, Dtype, Stream};
 use super::chain::Chain;
 use super::composed::Combine;
 use super::native;
+use super::relay;
 use crate::error::{Error, Result};
 
 fn send(chain: &Chain, x: &Array, place: usize) -> Result<()> {
@@ -75,6 +77,9 @@ pub(super) fn all_reduce(
     combine: Combine,
     s: &Stream,
 ) -> Result<Array> {
+    if chain.is_relayed() {
+        return relay::all_reduce(chain, input, combine, s);
+    }
     let shape = input.shape().to_vec();
     sweep(
         chain,
@@ -88,6 +93,9 @@ pub(super) fn all_reduce(
 /// Every member's `input` concatenated along axis 0 in subgroup-rank
 /// order (a scalar counts as one row).
 pub(super) fn all_gather(chain: &Chain, me: usize, input: &Array, s: &Stream) -> Result<Array> {
+    if chain.is_relayed() {
+        return relay::all_gather(chain, input, s);
+    }
     let input = if input.ndim() == 0 {
         input.reshape(&[1], s)?
     } else {
@@ -113,6 +121,9 @@ pub(super) fn all_gather(chain: &Chain, me: usize, input: &Array, s: &Stream) ->
 
 /// Sum over the members, then this member's `k`-th of axis 0.
 pub(super) fn sum_scatter(chain: &Chain, me: usize, input: &Array, s: &Stream) -> Result<Array> {
+    if chain.is_relayed() {
+        return relay::sum_scatter(chain, input, s);
+    }
     let sum = all_reduce(chain, me, input, Combine::Sum, s)?;
     let k = i32::try_from(chain.len()).unwrap_or(i32::MAX);
     Ok(sum.split(k, 0, s)?.swap_remove(me))
@@ -130,6 +141,9 @@ pub(super) fn all_to_all_v(
     recv_counts: &[i64],
     s: &Stream,
 ) -> Result<Array> {
+    if chain.is_relayed() {
+        return relay::all_to_all_v(chain, input, send_counts, recv_counts, s);
+    }
     let k = chain.len();
     let counts: Vec<i32> = send_counts
         .iter()
