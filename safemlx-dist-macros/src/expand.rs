@@ -56,7 +56,7 @@ fn with_item(error: syn::Error, item: &ItemStruct) -> TokenStream {
     out
 }
 
-/// For a layer generic over `Mesh<N>`, the divisibility of a declared
+/// For a layer generic over `Mesh<N>` (or `Axis<A, N>`), the divisibility of a declared
 /// sharded dimension by `N` is checked when the layer is instantiated
 /// (a const assertion; literal mesh sizes are checked by the macro itself).
 fn generic_mesh_check(field: &ShardField, dims: &[usize]) -> Option<TokenStream> {
@@ -71,14 +71,7 @@ fn generic_mesh_check(field: &ShardField, dims: &[usize]) -> Option<TokenStream>
     let syn::Type::Path(path) = comm else {
         return None;
     };
-    let last = path.path.segments.last()?;
-    if last.ident != "Mesh" {
-        return None;
-    }
-    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
-        return None;
-    };
-    let n = args.args.first()?;
+    let n = crate::valid::size_argument(path.path.segments.last()?)?;
     let k = field.spec.segments.map_or(1, |s| s.0).max(1);
     let message = format!(
         "field `{}`: dimension {size} is sharded over the mesh, whose size does not divide it",

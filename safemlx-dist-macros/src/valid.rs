@@ -35,11 +35,31 @@ fn name_and_literal(ty: &Type) -> Option<(String, Option<usize>)> {
     Some((last.ident.to_string(), literal))
 }
 
-/// `N` of a `Mesh<N>` written with a literal.
+/// `N` of a `Mesh<N>` or an `Axis<A, N>` (a mesh axis of `N` ranks)
+/// written with a literal.
 pub fn mesh_size(ty: &Type) -> Option<usize> {
-    match name_and_literal(ty)? {
-        (name, size) if name == "Mesh" => size,
+    let Type::Path(path) = ty else { return None };
+    match size_argument(path.path.segments.last()?)? {
+        GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(i),
+            ..
+        })) => i.base10_parse().ok(),
         _ => None,
+    }
+}
+
+/// The size argument of a group type: `N` of `Mesh<N>` (the first) or of
+/// `Axis<A, N>` (the second); `None` for other types.
+pub fn size_argument(last: &syn::PathSegment) -> Option<&GenericArgument> {
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    if last.ident == "Mesh" {
+        args.args.first()
+    } else if last.ident == "Axis" {
+        args.args.iter().nth(1)
+    } else {
+        None
     }
 }
 

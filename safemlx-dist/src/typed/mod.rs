@@ -6,6 +6,7 @@
 //! ([`ShardedArray::redistribute`]); ops propagate placements by the tables
 //! in `ops.rs`, and what has no rule does not compile.
 
+mod axis;
 pub(crate) mod collective;
 mod linear;
 mod mesh;
@@ -20,6 +21,7 @@ mod sharded;
 mod stage_link;
 pub(crate) mod weights;
 
+pub use axis::{Axis, AxisName, Dp, Ep, Pp, SameAxis, Tp};
 pub use collective::Collective;
 pub use linear::{BiasRule, LinearRule, LinearWeight};
 pub use mesh::Mesh;

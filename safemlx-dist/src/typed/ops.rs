@@ -183,7 +183,7 @@ impl TransposeRule for Sharded<1> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an array of this group: ops combine arrays laid out over the same mesh",
     label = "laid out over another group type than `{C}`",
-    note = "arrays of a `Mesh<N>` only combine with arrays of the same `Mesh<N>`"
+    note = "arrays combine only with arrays over the same group type: the same `Mesh<N>`, or the same mesh axis `Axis<A, N>`"
 )]
 pub trait Operand<C: Collective> {
     /// The operand's placement.
