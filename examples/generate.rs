@@ -14,13 +14,14 @@
 //! `float32` to compare. An MoE model's (Mixtral, Qwen2-MoE, Qwen3-MoE)
 //! experts are split across ranks (`--experts parallel`, the default) or
 //! every expert sliced across them (`--experts tensor-parallel`).
-//! `--mesh pp=P` splits the layers into P pipeline stages, one rank each
-//! (evenly, or by `--split 3:1`), the prompt prefilled in chunks of
+//! `--mesh pp=P[,tp=T]` splits the layers into P pipeline stages of T ranks
+//! each (evenly, by `--split 3:1`, or by each rank's free memory with `--split
+//! memory`), the prompt prefilled in chunks of
 //! `--prefill-chunk` tokens; without it every rank holds a slice of every
 //! layer (tensor parallel). Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
-//! rank 0, or of a pipeline's last stage, without peers), compares the prompt's logits (maximum relative
+//! rank 0, or of a pipeline's last rank, without peers), compares the prompt's logits (maximum relative
 //! error, at most 1e-4) and checks that the greedy tokens agree.
 
 use std::io::Write;
@@ -29,7 +30,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use safemlx_dist::generate::{generate, generate_stages, Generated, Sampler};
-use safemlx_dist::models::{load_stage, load_with, LayerSplit, LoadOptions, Loaded, Storage};
+use safemlx_dist::models::{
+    available_memory, load_stage, load_with, split_by_memory, LayerSplit, LoadOptions, Loaded,
+    Storage,
+};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::typed::{MeshSpec, StageLink};
 use safemlx_dist::{init, Backend, DeviceMesh};
@@ -85,14 +89,14 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Experts::Parallel)]
     experts: Experts,
     /// The mesh's axes: pipeline stages (pp) x tensor-parallel ranks per
-    /// stage (tp); stages of several ranks are not supported yet
-    /// [default: tp=all ranks]
+    /// stage (tp) [default: tp=all ranks]
     #[arg(long, value_name = "pp=P,tp=T")]
     mesh: Option<MeshSpec>,
     /// Layers per pipeline stage in proportion to these weights, one per
-    /// stage [default: even]
-    #[arg(long, value_name = "W1:W2:..")]
-    split: Option<LayerSplit>,
+    /// stage, or to each stage's free memory (`memory`; SAFEMLX_DIST_MEMORY
+    /// overrides what a rank reports) [default: even]
+    #[arg(long, value_name = "W1:W2:..|memory")]
+    split: Option<Split>,
     /// Prompt tokens per chunk of a pipelined prefill
     #[arg(long, default_value_t = 64, value_name = "C")]
     prefill_chunk: usize,
@@ -124,7 +128,7 @@ struct Options {
     seed: u64,
     load: LoadOptions,
     mesh: MeshSpec,
-    split: Option<LayerSplit>,
+    split: Option<Split>,
     prefill_chunk: usize,
     check: bool,
     backend: Backend,
@@ -211,7 +215,20 @@ fn run() -> Result<(), String> {
     let axes = axes.map_err(err)?;
     let started = Instant::now();
     let (loaded, link) = if axes.pp > 1 {
-        let split = o.split.clone().unwrap_or(LayerSplit::Even(axes.pp));
+        let split = match o.split.clone() {
+            None => LayerSplit::Even(axes.pp),
+            Some(Split::Weights(split)) => split,
+            Some(Split::Memory) => {
+                let mine = available_memory(rank).map_err(err)?;
+                let (split, reports) = split_by_memory(&group, axes.tp, mine, &s).map_err(err)?;
+                if rank == 0 {
+                    println!(
+                        "--split memory: the ranks offer {reports:?} MiB; stage weights {split:?}"
+                    );
+                }
+                split
+            }
+        };
         if split.stages() != axes.pp {
             return Err(format!(
                 "--split gives {} parts for {} pipeline stages; give one weight per stage",
@@ -293,6 +310,24 @@ fn run() -> Result<(), String> {
         check(&group, link.as_ref(), &loaded, &o, &prompt, &generated)?;
     }
     Ok(())
+}
+
+/// `--split`: weights, or `memory`.
+#[derive(Debug, Clone)]
+enum Split {
+    Weights(LayerSplit),
+    Memory,
+}
+
+impl std::str::FromStr for Split {
+    type Err = safemlx_dist::Error;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "memory" => Ok(Self::Memory),
+            weights => weights.parse().map(Self::Weights),
+        }
+    }
 }
 
 fn report(

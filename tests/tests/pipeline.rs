@@ -268,3 +268,64 @@ fn mismatched_stages_are_refused() {
         "stage 1 read {part} of {all} bytes"
     );
 }
+
+/// Stage weights from the memory each rank reports: a stage weighs its
+/// least memory times its ranks.
+#[test]
+fn memory_splits_weigh_each_stages_least_memory() {
+    use safemlx_dist::models::split_by_memory;
+    for (tp, reports) in [(1, [3u64, 1, 0, 0]), (2, [4, 2, 1, 1])] {
+        let n = if tp == 1 { 2 } else { 4 };
+        Ranks::new(n)
+            .run_test(|world| {
+                let mine = reports[world.rank()] << 30;
+                let (split, got) = split_by_memory(world, tp, mine, &cpu()).unwrap();
+                let mib: Vec<u32> = reports[..n].iter().map(|g| (g << 10) as u32).collect();
+                assert_eq!(got, mib);
+                // 3:1 of 5 layers is 4 + 1; 2:1 (stage 0's least, 2 GiB,
+                // times 2 ranks against 1 GiB times 2) is 3 + 2.
+                let (want, layers) = if tp == 1 {
+                    (vec![3072, 1024], [0..4, 4..5])
+                } else {
+                    (vec![4096, 2048], [0..3, 3..5])
+                };
+                assert_eq!(split, LayerSplit::Weighted(want));
+                assert_eq!(split.ranges(5).unwrap(), layers);
+            })
+            .unwrap_or_else(|e| panic!("{n} ranks, stages of {tp}: {e}"));
+    }
+}
+
+/// `generate --split memory` on a launch whose ranks report 1 and 3 GiB
+/// (`SAFEMLX_DIST_MEMORY`): DeepSeek-V3's 3 layers go 1 + 2, and the
+/// pipeline's tokens and logits equal one process's.
+#[test]
+fn generate_splits_stages_by_the_memory_each_rank_offers() {
+    use safemlx_dist::models::MEMORY_ENV;
+    use safemlx_dist_tests::built;
+    let out = std::process::Command::new(built("safemlx-launch"))
+        .env(MEMORY_ENV, "1GiB,3GiB")
+        .args(["-n", "2", "--timeout", "120", "--"])
+        .arg(built("examples/generate"))
+        .arg("--model")
+        .arg(golden_dir("moe/deepseek-v3"))
+        .args(["--prompt", "Hello experts", "--max-tokens", "4"])
+        .args(["--mesh", "pp=2", "--split", "memory", "--check"])
+        .output()
+        .expect("safemlx-launch runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{all}");
+    for line in [
+        "--split memory: the ranks offer [1024, 3072] MiB",
+        "stage 0 of 2, layers 0..1;",
+        "stage 1 of 2, layers 1..3;",
+        "rank 1/2: --check against one process",
+        "greedy tokens agree",
+    ] {
+        assert!(all.contains(line), "no `{line}`:\n{all}");
+    }
+}

@@ -28,6 +28,7 @@ mod glm4_moe;
 mod gpt_oss;
 pub mod llama;
 mod phi3;
+mod stage_memory;
 mod stages;
 
 use std::path::{Path, PathBuf};
@@ -36,6 +37,7 @@ use safemlx::Stream;
 
 pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
 pub use llama::{Llama, StageInput};
+pub use stage_memory::{available_memory, parse_memory, split_by_memory, MEMORY_ENV};
 pub use stages::{LayerSplit, Stage};
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
