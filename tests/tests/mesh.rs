@@ -51,6 +51,15 @@ fn check_mesh(world: &Group, sizes: [usize; 2]) {
         let members = members(&table, w, axis);
         let what = format!("mesh {sizes:?}, axis {name}, world rank {w}, members {members:?}");
         assert_eq!(group.size(), sizes[axis], "{what}");
+        // How the subgroup carries collectives.
+        let route = match (group.size(), world.backend()) {
+            (1, _) => "local",
+            (k, _) if k == world.size() => "mlx",
+            (_, Backend::Mpi) => "mlx",
+            _ if axis == 0 && sizes[0] * sizes[1] > 4 => "relay",
+            _ => "chain",
+        };
+        assert_eq!(group.route(), route, "{what}");
         assert_eq!(group.rank(), mesh.coord(name).unwrap(), "{what}");
         assert_eq!(members[group.rank()], w, "{what}");
         for dtype in [Dtype::Float32, Dtype::Int32] {

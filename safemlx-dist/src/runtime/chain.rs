@@ -78,7 +78,7 @@ impl Chain {
 
     /// Whether the members are not consecutive on the ring, so that their
     /// collectives go through the world's (`relay.rs`).
-    pub(super) fn is_relayed(&self) -> bool {
+    pub(crate) fn is_relayed(&self) -> bool {
         self.order.is_empty()
     }
 

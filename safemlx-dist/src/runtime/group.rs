@@ -121,6 +121,20 @@ impl Group {
         })
     }
 
+    /// How this group carries its collectives: `"mlx"` (an MLX group: a
+    /// world, or a split on MPI or NCCL), `"local"` ([`Group::local`]),
+    /// `"chain"` (a mesh axis on ring whose ranks are neighbours:
+    /// `send`/`recv` along them) or `"relay"` (a mesh axis on ring through
+    /// the world's `all_to_all_v`).
+    pub fn route(&self) -> &'static str {
+        match (&self.native, self.path.as_deref()) {
+            (Some(_), _) => "mlx",
+            (None, Some(chain)) if chain.is_relayed() => "relay",
+            (None, Some(_)) => "chain",
+            (None, None) => "local",
+        }
+    }
+
     /// The ring-neighbour subgroup this group is, if it is one.
     pub(crate) fn path(&self) -> Option<&Chain> {
         self.path.as_deref()

@@ -1,10 +1,11 @@
-//! `cargo xtask bench collectives|layers|generate|moe|serve|train|layouts`: benchmarks run through the
+//! `cargo xtask bench collectives|layers|generate|moe|serve|train|layouts|mesh`: benchmarks run through the
 //! launcher, writing JSON lines under `target/bench/`.
 
 mod collectives;
 mod generate;
 mod layers;
 mod layouts;
+mod mesh;
 mod moe;
 mod serve;
 mod train;
@@ -26,8 +27,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Some("serve") => serve::run(args.get(1).is_some_and(|a| a == "--peers-only")),
         Some("train") => train::run(),
         Some("layouts") => layouts::run(),
+        Some("mesh") => mesh::run(),
         Some(other) => Err(format!(
-            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe, serve, train or layouts"
+            "unknown benchmark {other:?}; expected: collectives, layers, generate, moe, serve, train, layouts or mesh"
         )),
     }
 }
