@@ -69,6 +69,11 @@ fn run() -> Result<(), String> {
                 "Pipeline stages x tensor-parallel ranks",
             ),
             (
+                "--link",
+                Some("LABEL"),
+                "What links the ranks (written to the row; loopback when absent)",
+            ),
+            (
                 "--prefill-chunk",
                 Some("C"),
                 "Prompt tokens per chunk of a pipelined prefill",
@@ -211,6 +216,7 @@ fn run() -> Result<(), String> {
             "ranks": n,
             "threads": 1,
             "mesh": axes.to_string(),
+            "link": flag("--link").unwrap_or_else(|| "loopback".to_owned()),
             "model": model_path,
             "weights": if model.is_quantized() { "quantized" } else { "dequantized f32" },
             "prompt_tokens": prompt_len,

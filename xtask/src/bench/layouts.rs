@@ -3,14 +3,18 @@
 //! compute thread per rank, as one rank, as 2 ranks tensor parallel
 //! (`tp=2`) and as 2 pipeline stages (`pp=2`, the prompt in chunks of 64),
 //! on ring and MPI over loopback; and the machine's two-process ceiling
-//! (two one-rank runs started together) in the same run. JSON lines in
+//! (two one-rank runs started together) in the same run. Then `tp=2` and
+//! `pp=2` on ring across two test-network hosts whose links hold every
+//! packet 2 ms (`tests/tests/layouts_delayed.rs`, 128-token prompt, 16
+//! decode steps; skipped where the network cannot be built). JSON lines in
 //! `target/bench/layouts.jsonl`, then each layout against one rank and
-//! against the ceiling.
+//! against the ceiling, and pipeline against tensor-parallel decode across
+//! the delayed links.
 
 use serde_json::Value;
 
 use super::{ceiling, finish, launch, prepare};
-use crate::models;
+use crate::{cmd, models};
 
 const LAYOUTS: [(&str, &str); 3] = [("1", "pp=1,tp=1"), ("2", "pp=1,tp=2"), ("2", "pp=2,tp=1")];
 
@@ -47,13 +51,66 @@ pub fn run() -> Result<(), String> {
     let mut alone = args("pp=1,tp=1").to_vec();
     alone.extend(["--backend", "ring"]);
     ceiling(&release, &alone, &out, "smollm2")?;
-    report(&finish(&out)?);
+    let mut delayed = cmd::cargo(&[
+        "test",
+        "--release",
+        "-p",
+        "safemlx-dist-tests",
+        "--test",
+        "layouts_delayed",
+        "--",
+        "--ignored",
+        "--nocapture",
+    ]);
+    delayed
+        .env("SAFEMLX_BENCH_MODEL", &gguf)
+        .env("SAFEMLX_BENCH_OUT", &out);
+    cmd::run(delayed)?;
+    let rows = finish(&out)?;
+    report(&rows);
+    report_delayed(&rows);
     Ok(())
 }
 
+/// `tp=2` against `pp=2` across the delayed links (goal: pipeline decode
+/// at least 1.8x tensor parallel), with the delaying threads' CPU time.
+fn report_delayed(rows: &[Value]) {
+    let across = |mesh: &str| {
+        rows.iter()
+            .find(|r| r["link"] == "2ms" && r["mesh"] == mesh && r["impl"] == "safemlx-dist")
+    };
+    let cost = |mesh: &str| {
+        rows.iter()
+            .find(|r| r["bench"] == "layouts-delay" && r["mesh"] == mesh)
+            .and_then(|r| r["delay_threads_cpu_s"].as_f64())
+    };
+    let (Some(tp), Some(pp)) = (across("pp=1,tp=2"), across("pp=2,tp=1")) else {
+        println!("no rows across delayed links (the test network could not be built)");
+        return;
+    };
+    let value = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
+    for (name, r) in [("tp=2", tp), ("pp=2", pp)] {
+        println!(
+            "across 2 ms links: {name} prefill {:.1} tokens/s, decode {:.2} tokens/s, all_sum 4 KiB {:.0} us; the delaying threads used {:.1} CPU s",
+            value(r, "prefill_tokens_per_s"),
+            value(r, "decode_tokens_per_s"),
+            value(r, "all_sum_4k_us"),
+            cost(r["mesh"].as_str().unwrap_or("")).unwrap_or(0.0)
+        );
+    }
+    println!(
+        "target: across 2 ms links pp=2 decode {:.2}x tp=2 decode (goal >= 1.8)",
+        value(pp, "decode_tokens_per_s") / value(tp, "decode_tokens_per_s").max(1e-9)
+    );
+}
+
 fn row<'a>(rows: &'a [Value], backend: &str, mesh: &str) -> Option<&'a Value> {
-    rows.iter()
-        .find(|r| r["impl"] == "safemlx-dist" && r["backend"] == backend && r["mesh"] == mesh)
+    rows.iter().find(|r| {
+        r["impl"] == "safemlx-dist"
+            && r["backend"] == backend
+            && r["mesh"] == mesh
+            && r["link"] != "2ms"
+    })
 }
 
 fn report(rows: &[Value]) {
