@@ -1,5 +1,6 @@
-//! `train --mesh pp=P`: the model split into P pipeline stages of one rank,
-//! each step GPipe's `--micro-batches M` windows through the stages
+//! `train --mesh pp=P[,tp=T]`: the model split into P pipeline stages of T
+//! ranks (T > 1 needs MPI), each step GPipe's `--micro-batches M` windows
+//! through the stages
 //! (`train::value_and_grad_stages`), the gradient clipped over every
 //! stage, an AdamW step per stage.
 
@@ -35,12 +36,12 @@ pub fn setup(
         .parse::<MeshSpec>()
         .and_then(|m| m.resolve(world.size()))
         .map_err(err)?;
-    if axes.tp != 1 || replicas != 1 {
+    if replicas != 1 {
         return Err(format!(
-            "--mesh {mesh}: training through a pipeline takes stages of one rank each (pp=N with -n N) and no --data-parallel"
+            "--mesh {mesh}: training through a pipeline does not take --data-parallel"
         ));
     }
-    let mesh = DeviceMesh::new(world, &[("pp", axes.pp), ("tp", 1)]).map_err(err)?;
+    let mesh = DeviceMesh::new(world, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
     Ok(Some(Pipeline {
         link: StageLink::new(&mesh).map_err(err)?,
         micro_batches,
@@ -53,7 +54,7 @@ pub fn load(p: &Pipeline, dir: &HfDirectory, s: &Stream) -> Result<Llama, String
     let config = LlamaConfig::from_hf(dir.config(), &path).map_err(err)?;
     let split = LayerSplit::Even(p.link.stages());
     let stage = Stage::of(&split, p.link.stage(), config.layers).map_err(err)?;
-    Llama::load_stage(&Weights::new(dir, &Group::local()), config, stage, s).map_err(err)
+    Llama::load_stage(&Weights::new(dir, p.link.tensor()), config, stage, s).map_err(err)
 }
 
 /// One step on the micro-batches starting at window `first`: the model
@@ -74,7 +75,7 @@ pub fn step(
         })
         .collect();
     let batches: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-    let local = Group::local();
+    let tensor = p.link.tensor();
     let (loss, grads) = value_and_grad_stages(
         model,
         &p.link,
@@ -86,7 +87,7 @@ pub fn step(
                 .map(|&b| i32::from(b))
                 .collect();
             let targets = Array::from_slice(&targets, &[seq as i32]);
-            cross_entropy(&gather_logits(logits, 0..seq, s)?, &targets, &local, s)
+            cross_entropy(&gather_logits(logits, 0..seq, s)?, &targets, tensor, s)
         },
         s,
     )
@@ -95,8 +96,11 @@ pub fn step(
     let model = adam.update(model, &grads, s).map_err(err)?;
     let locals: Vec<Array> = model.parameters().into_iter().map(|p| p.local).collect();
     safemlx_dist::eval(&locals.iter().collect::<Vec<_>>()).map_err(err)?;
-    // Every rank learns the last stage's loss (the others add zero).
-    let loss = loss.unwrap_or_else(|| Array::from_f32(0.0));
+    // Every rank learns the last stage's loss (from its first
+    // tensor-parallel rank; the others add zero).
+    let loss = loss
+        .filter(|_| p.link.tensor().rank() == 0)
+        .unwrap_or_else(|| Array::from_f32(0.0));
     let loss = safemlx_dist::all_sum(&loss, p.link.world(), s).map_err(err)?;
     let loss = safemlx_dist_examples::values(&loss, s)?[0];
     Ok((model, loss, norm))

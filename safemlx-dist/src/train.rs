@@ -37,8 +37,9 @@ use crate::typed::{Replicated, Sharded, ShardedArray, StageLink, StageMessage};
 ///
 /// # Errors
 /// No micro-batch or an empty one, a model that is not this rank's
-/// stage, stages of several ranks (not supported yet), the model's or
-/// the loss's errors, or a boundary's.
+/// stage, stages of several ranks on a backend that cannot split (ring:
+/// their subgroups' collectives have no gradient rule), the model's or the
+/// loss's errors, or a boundary's.
 pub fn value_and_grad_stages<F>(
     model: &Llama,
     link: &StageLink,
@@ -59,16 +60,11 @@ where
             link.stages()
         )));
     }
+    link.trainable()?;
     if batches.is_empty() || batches.iter().any(|b| b.is_empty()) {
         return Err(Error::Shape(
             "pipeline training needs at least one micro-batch, none empty".to_owned(),
         ));
-    }
-    if link.tensor().size() != 1 {
-        return Err(Error::Setting(format!(
-            "training through pipeline stages of {} tensor-parallel ranks is not supported yet; give each stage one rank",
-            link.tensor().size()
-        )));
     }
     let scale = 1.0 / batches.len() as f32;
     let width = model.config().hidden_size;

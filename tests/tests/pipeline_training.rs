@@ -58,6 +58,10 @@ fn cross_entropy(
 }
 
 fn load(case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> Llama {
+    load_over(&Group::local(), case, stage, s)
+}
+
+fn load_over(tensor: &Group, case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> Llama {
     let dir = HfDirectory::open(golden_dir(case)).expect("opens");
     let path = dir.path().display().to_string();
     let config = LlamaConfig::from_hf(dir.config(), &path).expect("config");
@@ -66,7 +70,7 @@ fn load(case: &str, stage: Option<(&LayerSplit, usize)>, s: &Stream) -> Llama {
         None => Ok(Stage::whole(config.layers)),
     }
     .expect("stage");
-    Llama::load_stage(&Weights::new(&dir, &Group::local()), config, stage, s).expect("loads")
+    Llama::load_stage(&Weights::new(&dir, tensor), config, stage, s).expect("loads")
 }
 
 /// Which of the whole model's parameter arrays stage `stage` holds, in
@@ -151,6 +155,114 @@ fn check(world: &Group, case: &str, tied: bool) {
         (norm - want).abs() <= 1e-4 * want,
         "{what}: norm {norm} vs dense {want}"
     );
+}
+
+/// The dense mean micro-batch loss of `case` in one process, and the norm
+/// of its gradient.
+fn dense(case: &str, s: &Stream) -> (f32, f32) {
+    let whole = load(case, None, s);
+    let data = batches(whole.config().vocab_size);
+    let (loss, grads) = value_and_grad_of(&whole, |w| {
+        let mut total: Option<ShardedArray<Replicated>> = None;
+        for (tokens, targets) in &data {
+            let logits = w.forward(tokens, &mut w.new_cache(), s)?;
+            let l = cross_entropy(&logits, targets, s)?.scale(1.0 / data.len() as f32, s)?;
+            total = Some(match total {
+                None => l,
+                Some(t) => t.add(&l, s)?,
+            });
+        }
+        Ok(total.expect("batches"))
+    })
+    .unwrap();
+    let norm: f32 = grads
+        .parameters()
+        .iter()
+        .map(|p| host(&p.local, s).iter().map(|v| v * v).sum::<f32>())
+        .sum::<f32>()
+        .sqrt();
+    (host(&loss, s)[0], norm)
+}
+
+/// 2 stages of 2 tensor-parallel ranks under MPI (split groups, whose
+/// collectives have gradient rules): the loss and the norm over every
+/// stage's gradient shards equal the dense ones.
+fn check_tensor_parallel_stages(world: &Group, case: &str) {
+    let s = cpu();
+    let mesh = DeviceMesh::new(world, &[("pp", 2), ("tp", 2)]).unwrap();
+    let link = StageLink::new(&mesh).unwrap();
+    let split = LayerSplit::Even(2);
+    let model = load_over(
+        mesh.axis("tp").unwrap(),
+        case,
+        Some((&split, link.stage())),
+        &s,
+    );
+    let what = format!("{case}, 2 x 2, world rank {}", world.rank());
+    let data = batches(model.config().vocab_size);
+    let tokens: Vec<&[u32]> = data.iter().map(|(t, _)| t.as_slice()).collect();
+    let (loss, grads) = value_and_grad_stages(
+        &model,
+        &link,
+        &tokens,
+        |m, logits| cross_entropy(logits, &data[m].1, &s),
+        &s,
+    )
+    .expect("pipeline gradients");
+    let (dense_loss, dense_norm) = dense(case, &s);
+    if let Some(loss) = loss {
+        let got = host(&loss, &s)[0];
+        assert!(
+            (got - dense_loss).abs() <= 1e-5 * dense_loss,
+            "{what}: loss {got} vs {dense_loss}"
+        );
+    }
+    let (_, norm) = clip_grad_norm_stages(&grads, 1.0, &link, &s).unwrap();
+    assert!(
+        (norm - dense_norm).abs() <= 1e-4 * dense_norm,
+        "{what}: norm {norm} vs dense {dense_norm}"
+    );
+}
+
+#[test]
+fn stages_of_tensor_parallel_ranks_train_under_mpi_and_are_refused_on_ring() {
+    Ranks::new(4)
+        .backend(Backend::Mpi)
+        .run_test(|world| {
+            for (case, _) in CASES {
+                check_tensor_parallel_stages(world, case);
+            }
+        })
+        .unwrap_or_else(|e| panic!("2 x 2 on MPI: {e}"));
+    Ranks::new(4)
+        .backend(Backend::Ring)
+        .run_test(|world| {
+            let s = cpu();
+            let mesh = DeviceMesh::new(world, &[("pp", 2), ("tp", 2)]).unwrap();
+            let link = StageLink::new(&mesh).unwrap();
+            let model = load_over(
+                mesh.axis("tp").unwrap(),
+                CASES[0].0,
+                Some((&LayerSplit::Even(2), link.stage())),
+                &s,
+            );
+            let error = value_and_grad_stages(
+                &model,
+                &link,
+                &[&[1, 2]],
+                |_, l| cross_entropy(l, &[3, 4], &s),
+                &s,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.starts_with(
+                    "training through pipeline stages of 2 tensor-parallel ranks needs MPI or NCCL"
+                ),
+                "{error}"
+            );
+        })
+        .unwrap_or_else(|e| panic!("2 x 2 on ring: {e}"));
 }
 
 #[test]

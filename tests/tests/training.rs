@@ -308,9 +308,10 @@ fn the_train_example_follows_one_rank_and_resumes() {
 }
 
 /// The example through 2 pipeline stages (3 layers: 2 + 1) with 3
-/// micro-batches per step follows the same schedule in one process, and
-/// resumes from its per-stage checkpoints; a layout it cannot train is
-/// refused.
+/// micro-batches per step, of one rank each (ring) and of two
+/// tensor-parallel ranks each (MPI), follows the same schedule in one
+/// process, and resumes from its per-stage checkpoints; stages of several
+/// ranks on ring are refused.
 #[test]
 fn the_train_example_trains_through_pipeline_stages_and_resumes() {
     let base = std::env::temp_dir().join(format!("safemlx-train-pp-{}", std::process::id()));
@@ -346,6 +347,16 @@ fn the_train_example_trains_through_pipeline_stages_and_resumes() {
         );
     }
     assert!(two[11] < 0.8 * two[0], "the loss did not fall: {two:?}");
+    // 2 stages of 2 tensor-parallel ranks under MPI (split groups).
+    let (out, ok) = train_on(4, "mpi", &whole, &args("12", "pp=2,tp=2"));
+    assert!(ok, "{out}");
+    let four = curve(whole.join("loss-4-pp.json"));
+    for (step, (a, b)) in one.iter().zip(&four).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "step {step}: 2 x 2 stages {b} vs 1 {a}"
+        );
+    }
     train(2, &halves, &args("6", "pp=2"));
     let out = train(
         2,
@@ -360,10 +371,13 @@ fn the_train_example_trains_through_pipeline_stages_and_resumes() {
             "step {step}: resumed {b} vs {a}"
         );
     }
-    let (out, ok) = train_on(2, "ring", &halves, &["--mesh", "pp=1,tp=2"]);
+    let refused = ["--layers", "3", "--mesh", "pp=2,tp=2"];
+    let (out, ok) = train_on(4, "ring", &halves, &refused);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("--mesh pp=1,tp=2: training through a pipeline takes stages of one rank each"),
+        out.contains(
+            "training through pipeline stages of 2 tensor-parallel ranks needs MPI or NCCL"
+        ),
         "{out}"
     );
     let _ = std::fs::remove_dir_all(&base);

@@ -193,16 +193,22 @@ impl StageLink {
     /// previous stage.
     ///
     /// # Errors
-    /// The first stage (no stage before it), stages of several ranks (not
-    /// supported yet), rows that are not `[T, D]`, or the transport's error.
+    /// The first stage (no stage before it), stages of several ranks on a
+    /// backend that cannot split (ring), rows that are not `[T, D]`, or the
+    /// transport's error.
     pub fn send_gradient(&self, rows: &ShardedArray<Replicated>, s: &Stream) -> Result<()> {
-        self.one_rank_per_stage()?;
+        self.trainable()?;
         if self.stage() == 0 {
             return Err(Error::Shape(
                 "the first stage has no stage before it to send a gradient to".to_owned(),
             ));
         }
         let (t, d, dtype) = rows_header(rows)?;
+        if !self.is_entry() {
+            // The stage's entry sends it; the others' gradients are the
+            // same rows, computed with the stage's collectives.
+            return runtime::eval(&[rows.local()]);
+        }
         let header = [GRADIENT, 0, t, d, dtype, 1, -1];
         self.send_header_to(self.previous(), &self.sent_back, header, s)?;
         self.send_payload(rows.local(), self.previous(), s)
@@ -212,10 +218,10 @@ impl StageLink {
     /// stage, `[T, width]` of `dtype`, checked on its header first.
     ///
     /// # Errors
-    /// The last stage, stages of several ranks, a header that is not the
+    /// The last stage, stages of several ranks on ring, a header that is not the
     /// gradient expected (named), or the transport's error.
     pub fn receive_gradient(&self, width: usize, dtype: Dtype, s: &Stream) -> Result<Array> {
-        self.one_rank_per_stage()?;
+        self.trainable()?;
         if self.is_last() {
             return Err(Error::Shape(
                 "the last stage has no stage after it to receive a gradient from".to_owned(),
@@ -224,8 +230,9 @@ impl StageLink {
         let from = self.next();
         let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
         self.world.enter_point_to_point("stage_recv", &like);
-        let header = runtime::recv_like(&like, from, &self.world, s)?;
-        let header = runtime::read_back::<i32>(&header, "stage header")?;
+        let received = runtime::recv_like(&like, from, &self.world, s)?;
+        let header = runtime::read_back::<i32>(&received, "stage header")?;
+        self.pass_back(&received, s)?;
         let expected = self.received_back.get();
         self.received_back.set(expected.wrapping_add(1));
         let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
@@ -236,6 +243,7 @@ impl StageLink {
                 self.world.enter_point_to_point("stage_recv", &like);
                 let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
                 runtime::eval(&[&received])?;
+                self.pass_back(&received, s)?;
                 Ok(received)
             }
             _ => Err(self.mismatch(
@@ -247,15 +255,16 @@ impl StageLink {
     }
 
     /// Training: adds nothing, but exchanges `mine` between the first and
-    /// the last stage (neighbours over the ring's wrap), which hold the
-    /// same tied embedding: returns the other end's array, of `mine`'s
-    /// shape and dtype.
+    /// the last stage's ranks of the same tensor-parallel rank (neighbours
+    /// over the ring's wrap with one rank per stage), which hold the same
+    /// part of the tied embedding: returns the other end's array, of
+    /// `mine`'s shape and dtype.
     ///
     /// # Errors
-    /// A stage between them, stages of several ranks, or the transport's
+    /// A stage between them, stages of several ranks on ring, or the transport's
     /// error.
     pub fn exchange_with_other_end(&self, mine: &Array, s: &Stream) -> Result<Array> {
-        self.one_rank_per_stage()?;
+        self.trainable()?;
         let first = self.stage() == 0;
         if !first && !self.is_last() {
             return Err(Error::Shape(format!(
@@ -263,9 +272,14 @@ impl StageLink {
                 self.stage()
             )));
         }
-        // The first stage sends, then receives; the last receives, then
-        // sends (an order that pairs up on MPI too).
-        let peer = if first { self.previous() } else { self.next() };
+        // The same tensor-parallel rank at the other end (the ring's wrap
+        // with one rank per stage). The first stage sends, then receives;
+        // the last receives, then sends (an order that pairs up on MPI too).
+        let (pp, tp) = (self.stages, self.tensor.size());
+        let other = [if first { pp - 1 } else { 0 }, self.tensor.rank()];
+        let peer = (0..pp * tp)
+            .find(|&r| crate::runtime::mesh_coords(r, &[pp, tp]) == other)
+            .ok_or_else(|| Error::Shape("no rank at the pipeline's other end".to_owned()))?;
         let receive = || -> Result<Array> {
             self.world.enter_point_to_point("stage_recv", mine);
             let theirs = runtime::recv_like(mine, peer, &self.world, s)?;
@@ -282,14 +296,22 @@ impl StageLink {
         }
     }
 
-    fn one_rank_per_stage(&self) -> Result<()> {
-        if self.tensor.size() == 1 {
+    /// Training needs the stage's tensor-parallel collectives to have
+    /// gradient rules: one rank per stage, or MLX's own groups (MPI, NCCL).
+    pub(crate) fn trainable(&self) -> Result<()> {
+        if self.tensor.size() == 1 || self.tensor.route() == "mlx" {
             return Ok(());
         }
         Err(Error::Setting(format!(
-            "training through pipeline stages of {} tensor-parallel ranks is not supported yet; give each stage one rank",
-            self.tensor.size()
+            "training through pipeline stages of {} tensor-parallel ranks needs MPI or NCCL: on {} a stage's subgroup is composed of send/recv, which has no gradient rule",
+            self.tensor.size(),
+            self.world.backend()
         )))
+    }
+
+    /// Whether this rank is its stage's first on the ring (its entry).
+    fn is_entry(&self) -> bool {
+        self.world.rank() % self.tensor.size() == 0
     }
 
     /// The next message from the previous stage, whose rows must be
@@ -352,6 +374,15 @@ impl StageLink {
                 &format!("a message of kind {kind}"),
             )),
         }
+    }
+
+    /// Training: passes a gradient this rank received on to the previous
+    /// rank of its stage (none from the stage's entry).
+    fn pass_back(&self, received: &Array, s: &Stream) -> Result<()> {
+        if self.is_entry() {
+            return Ok(());
+        }
+        self.send_payload(received, self.previous(), s)
     }
 
     /// Passes what this rank received on to the next rank of its stage.
