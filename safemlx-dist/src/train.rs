@@ -51,15 +51,7 @@ where
     F: FnMut(usize, &ShardedArray<Sharded<1>>) -> Result<ShardedArray<Replicated>>,
 {
     let stage = model.stage().clone();
-    if (stage.index, stage.count) != (link.stage(), link.stages()) {
-        return Err(Error::Setting(format!(
-            "the model holds stage {} of {} but this rank is stage {} of {}",
-            stage.index,
-            stage.count,
-            link.stage(),
-            link.stages()
-        )));
-    }
+    stage.expect_place(link.stage(), link.stages())?;
     link.trainable()?;
     if batches.is_empty() || batches.iter().any(|b| b.is_empty()) {
         return Err(Error::Shape(

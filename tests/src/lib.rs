@@ -191,6 +191,15 @@ pub fn check_every_lowering(group: &Group) {
     }
 }
 
+/// A finished program's stdout then stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
 /// beside the running test's directory.
 pub fn built(name: &str) -> std::path::PathBuf {

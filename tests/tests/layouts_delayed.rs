@@ -74,11 +74,7 @@ fn layouts_across_links_delayed_2_ms() {
             .stdin(Stdio::null())
             .output()
             .expect("safemlx-launch runs");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&run.stdout),
-            String::from_utf8_lossy(&run.stderr)
-        );
+        let text = safemlx_dist_tests::output_text(&run);
         assert!(run.status.success(), "{mesh}:\n{text}");
         let spent = cpu_seconds() - before;
         let line = serde_json::json!({

@@ -313,11 +313,7 @@ fn generate_splits_stages_by_the_memory_each_rank_offers() {
         .args(["--mesh", "pp=2", "--split", "memory", "--check"])
         .output()
         .expect("safemlx-launch runs");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all = safemlx_dist_tests::output_text(&out);
     assert!(out.status.success(), "{all}");
     for line in [
         "--split memory: the ranks offer [1024, 3072] MiB",

@@ -100,44 +100,20 @@ fn check(world: &Group, case: &str, tied: bool) {
     let link = StageLink::new(&mesh).unwrap();
     let split = LayerSplit::Even(n);
     let model = load(case, Some((&split, link.stage())), &s);
-    let whole = load(case, None, &s);
     let what = format!("{case}, stage {} of {n}", link.stage());
-    let data = batches(whole.config().vocab_size);
-    let tokens: Vec<&[u32]> = data.iter().map(|(t, _)| t.as_slice()).collect();
-    let (loss, grads) = value_and_grad_stages(
-        &model,
-        &link,
-        &tokens,
-        |m, logits| cross_entropy(logits, &data[m].1, &s),
-        &s,
-    )
-    .expect("pipeline gradients");
-    // The dense reference: the mean micro-batch loss of the whole model.
-    let (dense_loss, dense) = value_and_grad_of(&whole, |w| {
-        let mut total: Option<ShardedArray<Replicated>> = None;
-        for (tokens, targets) in &data {
-            let logits = w.forward(tokens, &mut w.new_cache(), &s)?;
-            let l = cross_entropy(&logits, targets, &s)?.scale(1.0 / data.len() as f32, &s)?;
-            total = Some(match total {
-                None => l,
-                Some(t) => t.add(&l, &s)?,
-            });
-        }
-        Ok(total.expect("batches"))
-    })
-    .unwrap();
+    let (loss, grads) = through_stages(&model, &link, &s);
+    let (dense_loss, dense) = dense_gradients(case, &s);
     assert_eq!(
         loss.is_some(),
         link.stage() + 1 == n,
         "{what}: loss on the last stage"
     );
     if let Some(loss) = loss {
-        let err = max_relative_error(&host(&loss, &s), &host(&dense_loss, &s));
+        let err = max_relative_error(&host(&loss, &s), &[dense_loss]);
         assert!(err <= 1e-5, "{what}: loss vs dense {err}");
     }
-    let dense: Vec<Array> = dense.parameters().into_iter().map(|p| p.local).collect();
     let got: Vec<Array> = grads.parameters().into_iter().map(|p| p.local).collect();
-    let indices = stage_indices(dense.len(), whole.config().layers, tied, model.stage());
+    let indices = stage_indices(dense.len(), model.config().layers, tied, model.stage());
     assert_eq!(got.len(), indices.len(), "{what}: parameter count");
     for (k, (g, &i)) in got.iter().zip(&indices).enumerate() {
         assert_eq!(g.shape(), dense[i].shape(), "{what}: parameter {k}");
@@ -146,20 +122,31 @@ fn check(world: &Group, case: &str, tied: bool) {
     }
     // The norm over every stage counts the tied embedding once.
     let (_, norm) = clip_grad_norm_stages(&grads, 1.0, &link, &s).unwrap();
-    let want: f32 = dense
-        .iter()
-        .map(|g| host(g, &s).iter().map(|v| v * v).sum::<f32>())
-        .sum::<f32>()
-        .sqrt();
+    let want = norm_of(&dense, &s);
     assert!(
         (norm - want).abs() <= 1e-4 * want,
         "{what}: norm {norm} vs dense {want}"
     );
 }
 
-/// The dense mean micro-batch loss of `case` in one process, and the norm
-/// of its gradient.
-fn dense(case: &str, s: &Stream) -> (f32, f32) {
+/// The mean micro-batch loss (on the last stage) and this stage's
+/// gradients, through the stages `link` carries.
+fn through_stages(model: &Llama, link: &StageLink, s: &Stream) -> (Option<Array>, Llama) {
+    let data = batches(model.config().vocab_size);
+    let tokens: Vec<&[u32]> = data.iter().map(|(t, _)| t.as_slice()).collect();
+    value_and_grad_stages(
+        model,
+        link,
+        &tokens,
+        |m, logits| cross_entropy(logits, &data[m].1, s),
+        s,
+    )
+    .expect("pipeline gradients")
+}
+
+/// The dense reference: the mean micro-batch loss of the whole model of
+/// `case` in one process, and its gradients in parameter order.
+fn dense_gradients(case: &str, s: &Stream) -> (f32, Vec<Array>) {
     let whole = load(case, None, s);
     let data = batches(whole.config().vocab_size);
     let (loss, grads) = value_and_grad_of(&whole, |w| {
@@ -175,13 +162,17 @@ fn dense(case: &str, s: &Stream) -> (f32, f32) {
         Ok(total.expect("batches"))
     })
     .unwrap();
-    let norm: f32 = grads
-        .parameters()
+    let grads = grads.parameters().into_iter().map(|p| p.local).collect();
+    (host(&loss, s)[0], grads)
+}
+
+/// The norm of the dense gradients.
+fn norm_of(grads: &[Array], s: &Stream) -> f32 {
+    grads
         .iter()
-        .map(|p| host(&p.local, s).iter().map(|v| v * v).sum::<f32>())
+        .map(|g| host(g, s).iter().map(|v| v * v).sum::<f32>())
         .sum::<f32>()
-        .sqrt();
-    (host(&loss, s)[0], norm)
+        .sqrt()
 }
 
 /// 2 stages of 2 tensor-parallel ranks under MPI (split groups, whose
@@ -199,17 +190,9 @@ fn check_tensor_parallel_stages(world: &Group, case: &str) {
         &s,
     );
     let what = format!("{case}, 2 x 2, world rank {}", world.rank());
-    let data = batches(model.config().vocab_size);
-    let tokens: Vec<&[u32]> = data.iter().map(|(t, _)| t.as_slice()).collect();
-    let (loss, grads) = value_and_grad_stages(
-        &model,
-        &link,
-        &tokens,
-        |m, logits| cross_entropy(logits, &data[m].1, &s),
-        &s,
-    )
-    .expect("pipeline gradients");
-    let (dense_loss, dense_norm) = dense(case, &s);
+    let (loss, grads) = through_stages(&model, &link, &s);
+    let (dense_loss, dense) = dense_gradients(case, &s);
+    let dense_norm = norm_of(&dense, &s);
     if let Some(loss) = loss {
         let got = host(&loss, &s)[0];
         assert!(

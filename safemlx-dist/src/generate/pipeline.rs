@@ -50,15 +50,7 @@ pub fn generate_stages(
 ) -> Result<Generated> {
     let (max_tokens, prefill_chunk) = limits;
     let stage = model.stage();
-    if (stage.index, stage.count) != (link.stage(), link.stages()) {
-        return Err(Error::Setting(format!(
-            "the model holds stage {} of {} but this rank is stage {} of {}",
-            stage.index,
-            stage.count,
-            link.stage(),
-            link.stages()
-        )));
-    }
+    stage.expect_place(link.stage(), link.stages())?;
     if prompt.is_empty() || prefill_chunk == 0 {
         return Err(Error::Shape(format!(
             "a pipeline generation needs a prompt and chunks of at least one token; got {} tokens in chunks of {prefill_chunk}",

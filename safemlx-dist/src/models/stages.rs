@@ -147,6 +147,21 @@ pub struct Stage {
 }
 
 impl Stage {
+    /// Checks that this is stage `index` of `count`, the place a rank
+    /// holds in its pipeline.
+    ///
+    /// # Errors
+    /// Another place, naming both.
+    pub fn expect_place(&self, index: usize, count: usize) -> Result<()> {
+        if (self.index, self.count) == (index, count) {
+            return Ok(());
+        }
+        Err(Error::Setting(format!(
+            "the model holds stage {} of {} but this rank is stage {index} of {count}",
+            self.index, self.count
+        )))
+    }
+
     /// The whole model as one stage.
     pub fn whole(layers: usize) -> Self {
         Self {
