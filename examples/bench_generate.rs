@@ -17,7 +17,6 @@
 //! The prompt is the token ids `(i * 7919) % 20000 + 100`, which the
 //! peers' script (`xtask/bench/peers.py`) feeds too.
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -231,12 +230,7 @@ fn run() -> Result<(), String> {
             "experts": model.config().moe.as_ref().map(|_| experts.as_str()),
         });
         println!("{row}");
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&out)
-            .map_err(|e| format!("cannot open {out}: {e}"))?;
-        writeln!(file, "{row}").map_err(err)?;
+        safemlx_dist_examples::append_lines(&out, &[row])?;
     }
     Ok(())
 }

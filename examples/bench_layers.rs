@@ -13,7 +13,6 @@
 //! safemlx-launch -n 2 -- target/release/examples/bench_layers --layer mlp --out layers.jsonl
 //! ```
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -382,12 +381,7 @@ fn run() -> Result<(), String> {
         share * 100.0
     );
     if let Some(path) = flag("--out") {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("cannot open {path}: {e}"))?;
-        writeln!(file, "{line}").map_err(|e| format!("cannot write {path}: {e}"))?;
+        safemlx_dist_examples::append_lines(&path, &[line])?;
     }
     Ok(())
 }

@@ -14,7 +14,6 @@
 //! safemlx-launch -n 4 -- target/release/examples/bench_mesh --mesh pp=2,tp=2 --out target/bench/mesh.jsonl
 //! ```
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -98,14 +97,7 @@ fn run() -> Result<(), String> {
             println!("{line}");
         }
         if let Some(path) = flag("--out") {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|e| format!("cannot open {path}: {e}"))?;
-            for line in &lines {
-                writeln!(f, "{line}").map_err(|e| format!("cannot write {path}: {e}"))?;
-            }
+            safemlx_dist_examples::append_lines(&path, &lines)?;
         }
     }
     Ok(())

@@ -204,6 +204,24 @@ pub fn compare(got: &[f32], want: &[f32]) -> Result<(f32, f32), String> {
     Ok((max_abs, max_abs / scale.max(1e-12)))
 }
 
+/// Appends `lines` (JSON rows), one per line, to the file `path`, made if
+/// missing: how the benchmarks write `target/bench/*.jsonl`.
+///
+/// # Errors
+/// The file cannot be opened or written, naming it.
+pub fn append_lines(path: &str, lines: &[impl std::fmt::Display]) -> Result<(), String> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {path}: {e}"))?;
+    for line in lines {
+        writeln!(file, "{line}").map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// The median of `values` (the upper one of an even count; NaN when empty).
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

@@ -394,13 +394,7 @@ fn run() -> Result<(), String> {
                 tokens_per_step as f64 / step,
                 share * 100.0
             );
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&file)
-                .map_err(|e| format!("cannot open {file}: {e}"))?;
-            use std::io::Write;
-            writeln!(f, "{line}").map_err(|e| format!("cannot write {file}: {e}"))?;
+            safemlx_dist_examples::append_lines(&file, &[line])?;
         }
         return Ok(());
     }

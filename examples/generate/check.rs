@@ -130,12 +130,7 @@ pub fn check(
     // Every rank learns whether the comparing rank's check passed.
     let failed = f32::from(u8::from(outcome.is_err()));
     let any = all_sum(&Array::from_slice(&[failed], &[1]), group, &s).map_err(err)?;
-    safemlx_dist::eval(&[&any]).map_err(err)?;
-    let any = any
-        .into_evaluated()
-        .map_err(err)?
-        .try_to_vec::<f32>()
-        .map_err(err)?;
+    let any = values(&any, &s)?;
     if compares.is_none() && any.first().is_some_and(|v| *v > 0.0) {
         return Err("the check failed on the rank that compared".to_owned());
     }

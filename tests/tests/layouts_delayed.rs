@@ -8,6 +8,7 @@
 //! (they share the machine's cores with the ranks) and the measured round
 //! trip.
 
+use std::io::Write;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -84,8 +85,10 @@ fn layouts_across_links_delayed_2_ms() {
             "round_trip_ms": round_trip.as_secs_f64() * 1e3,
         });
         println!("{line}");
-        let mut all = std::fs::read_to_string(&out).unwrap_or_default();
-        all.push_str(&format!("{line}\n"));
-        std::fs::write(&out, all).expect("writes the bench file");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&out)
+            .expect("the bench file");
+        writeln!(file, "{line}").expect("writes the bench file");
     }
 }

@@ -24,7 +24,12 @@ fn one_row_each(n: usize) -> Vec<i64> {
 
 /// The rows of `received` (`n` blocks along axis 0, one per source rank)
 /// combined into one block.
-fn reduce_blocks(received: &Array, combine: Combine, n: usize, s: &Stream) -> Result<Array> {
+pub(super) fn reduce_blocks(
+    received: &Array,
+    combine: Combine,
+    n: usize,
+    s: &Stream,
+) -> Result<Array> {
     let blocks = received.split(i32::try_from(n).unwrap_or(i32::MAX), 0, s)?;
     let mut total = blocks[0].clone();
     for block in &blocks[1..] {

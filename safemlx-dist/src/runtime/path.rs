@@ -101,7 +101,7 @@ pub(super) fn all_gather(chain: &Chain, me: usize, input: &Array, s: &Stream) ->
     } else {
         input.clone()
     };
-    let mut shape = input.shape().to_vec();
+    let shape = input.shape().to_vec();
     let rows = shape[0];
     let pieces = |count: usize| {
         let mut shape = shape.clone();
@@ -115,7 +115,6 @@ pub(super) fn all_gather(chain: &Chain, me: usize, input: &Array, s: &Stream) ->
     let k = chain.len();
     let parts = chained.split(i32::try_from(k).unwrap_or(i32::MAX), 0, s)?;
     let ordered: Vec<&Array> = (0..k).map(|rank| &parts[chain.place(rank)]).collect();
-    shape[0] = rows;
     Ok(safemlx::ops::concatenate_axis(&ordered, 0, s)?)
 }
 

@@ -21,6 +21,7 @@ use safemlx::{Array, Stream};
 
 use super::chain::Chain;
 use super::composed::Combine;
+use super::exchange::reduce_blocks;
 use super::native;
 use crate::error::Result;
 
@@ -107,13 +108,8 @@ pub(super) fn all_reduce(
     combine: Combine,
     s: &Stream,
 ) -> Result<Array> {
-    let k = i32::try_from(chain.len()).unwrap_or(i32::MAX);
     let gathered = all_gather(chain, &input.reshape(&[1, -1], s)?, s)?;
-    let parts = gathered.split(k, 0, s)?;
-    let mut total = parts[0].clone();
-    for part in &parts[1..] {
-        total = combine.apply(&total, part, s)?;
-    }
+    let total = reduce_blocks(&gathered, combine, chain.len(), s)?;
     Ok(total.reshape(input.shape(), s)?)
 }
 
@@ -123,12 +119,7 @@ pub(super) fn sum_scatter(chain: &Chain, input: &Array, s: &Stream) -> Result<Ar
     let rows = i64::from(input.shape()[0]) / k as i64;
     let counts = vec![rows; k];
     let received = all_to_all_v(chain, input, &counts, &counts, s)?;
-    let parts = received.split(i32::try_from(k).unwrap_or(i32::MAX), 0, s)?;
-    let mut total = parts[0].clone();
-    for part in &parts[1..] {
-        total = total.add(part, s)?;
-    }
-    Ok(total)
+    reduce_blocks(&received, Combine::Sum, k, s)
 }
 
 #[cfg(test)]

@@ -64,7 +64,6 @@ pub enum StageMessage {
 pub struct StageLink {
     world: Group,
     tensor: Group,
-    stages: usize,
     sent: Cell<i32>,
     received: Cell<i32>,
     /// Gradients sent back to the previous stage and received from the next.
@@ -88,7 +87,6 @@ impl StageLink {
         Ok(Self {
             world: mesh.world().clone(),
             tensor: mesh.axis("tp")?.clone(),
-            stages: mesh.sizes()[0],
             sent: Cell::new(0),
             received: Cell::new(0),
             sent_back: Cell::new(0),
@@ -103,7 +101,7 @@ impl StageLink {
 
     /// The number of stages.
     pub fn stages(&self) -> usize {
-        self.stages
+        self.world.size() / self.tensor.size()
     }
 
     /// Whether this rank sends its stage's output (the stage's last rank
@@ -113,7 +111,7 @@ impl StageLink {
     }
 
     fn is_last(&self) -> bool {
-        self.stage() + 1 == self.stages
+        self.stage() + 1 == self.stages()
     }
 
     fn next(&self) -> usize {
@@ -228,23 +226,14 @@ impl StageLink {
             ));
         }
         let from = self.next();
-        let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
-        self.world.enter_point_to_point("stage_recv", &like);
-        let received = runtime::recv_like(&like, from, &self.world, s)?;
-        let header = runtime::read_back::<i32>(&received, "stage header")?;
-        self.pass_back(&received, s)?;
-        let expected = self.received_back.get();
-        self.received_back.set(expected.wrapping_add(1));
+        let pass = |a: &Array| self.pass_back(a, s);
+        let (header, expected) = self.receive_header(from, &self.received_back, pass, s)?;
         let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
         match header[..] {
             [GRADIENT, seq, t, d, code, _, _]
                 if seq == expected && t >= 1 && (Some(d), code) == want =>
             {
-                self.world.enter_point_to_point("stage_recv", &like);
-                let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
-                runtime::eval(&[&received])?;
-                self.pass_back(&received, s)?;
-                Ok(received)
+                self.receive_rows([t, d], dtype, from, pass, s)
             }
             _ => Err(self.mismatch(
                 from,
@@ -275,7 +264,7 @@ impl StageLink {
         // The same tensor-parallel rank at the other end (the ring's wrap
         // with one rank per stage). The first stage sends, then receives;
         // the last receives, then sends (an order that pairs up on MPI too).
-        let (pp, tp) = (self.stages, self.tensor.size());
+        let (pp, tp) = (self.stages(), self.tensor.size());
         let other = [if first { pp - 1 } else { 0 }, self.tensor.rank()];
         let peer = (0..pp * tp)
             .find(|&r| crate::runtime::mesh_coords(r, &[pp, tp]) == other)
@@ -322,14 +311,9 @@ impl StageLink {
     /// sequence number, kind, width or dtype), naming both sides; or the
     /// transport's error.
     pub fn receive(&self, width: usize, dtype: Dtype, s: &Stream) -> Result<StageMessage> {
-        let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
         let from = self.previous();
-        self.world.enter_point_to_point("stage_recv", &like);
-        let received = runtime::recv_like(&like, from, &self.world, s)?;
-        let header = runtime::read_back::<i32>(&received, "stage header")?;
-        self.pass_on(&received, s)?;
-        let expected = self.received.get();
-        self.received.set(expected.wrapping_add(1));
+        let pass = |a: &Array| self.pass_on(a, s);
+        let (header, expected) = self.receive_header(from, &self.received, pass, s)?;
         let [kind, seq, t, d, code, last, token] = header[..] else {
             return Err(self.mismatch(from, "a header of 7 values", &format!("{header:?}")));
         };
@@ -355,10 +339,7 @@ impl StageLink {
                         &format!("[{t}, {d}] rows of dtype code {code}"),
                     ));
                 }
-                self.world.enter_point_to_point("stage_recv", &like);
-                let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
-                runtime::eval(&[&received])?;
-                self.pass_on(&received, s)?;
+                let received = self.receive_rows([t, d], dtype, from, pass, s)?;
                 Ok(StageMessage::Hidden {
                     rows: ShardedArray::from_local(received, &self.tensor, &[t, d])?,
                     last_chunk: last != 0,
@@ -390,9 +371,44 @@ impl StageLink {
         if self.is_exit() {
             return Ok(());
         }
-        self.world.enter_point_to_point("stage_pass", received);
-        let sent = runtime::send(received, self.next(), &self.world, s)?;
-        runtime::eval(&[&sent])
+        self.send_payload(received, self.next(), s)
+    }
+
+    /// A header from world rank `from`, passed on by `pass` first, and the
+    /// sequence number `counter` expected for it (then counted).
+    fn receive_header(
+        &self,
+        from: usize,
+        counter: &Cell<i32>,
+        pass: impl Fn(&Array) -> Result<()>,
+        s: &Stream,
+    ) -> Result<(Vec<i32>, i32)> {
+        let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
+        self.world.enter_point_to_point("stage_recv", &like);
+        let received = runtime::recv_like(&like, from, &self.world, s)?;
+        let header = runtime::read_back::<i32>(&received, "stage header")?;
+        pass(&received)?;
+        let expected = counter.get();
+        counter.set(expected.wrapping_add(1));
+        Ok((header, expected))
+    }
+
+    /// The `[t, d]` rows a checked header announced, from world rank
+    /// `from`, passed on by `pass`.
+    fn receive_rows(
+        &self,
+        [t, d]: [i32; 2],
+        dtype: Dtype,
+        from: usize,
+        pass: impl Fn(&Array) -> Result<()>,
+        s: &Stream,
+    ) -> Result<Array> {
+        let like = Array::from_slice(&[0i32; HEADER as usize], &[HEADER]);
+        self.world.enter_point_to_point("stage_recv", &like);
+        let received = runtime::recv(&[t, d], dtype, from, &self.world, s)?;
+        runtime::eval(&[&received])?;
+        pass(&received)?;
+        Ok(received)
     }
 
     fn send_header(&self, header: [i32; HEADER as usize], s: &Stream) -> Result<()> {
