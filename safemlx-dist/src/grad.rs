@@ -125,8 +125,12 @@ where
 pub struct Parameter {
     /// This rank's local array.
     pub local: Array,
-    /// Ranks holding this same array, at least 1.
+    /// Ranks holding this same array, at least 1 (1 when `blocks` says).
     pub copies: usize,
+    /// When the array's blocks along an axis are held by different numbers
+    /// of ranks (the KV heads of a balanced head split, one on this rank
+    /// alone, one shared): the axis and each block's holders.
+    pub blocks: Option<(usize, Vec<usize>)>,
 }
 
 impl Parameter {
@@ -135,12 +139,43 @@ impl Parameter {
         Self {
             local: x.local().clone(),
             copies: x.holders(),
+            blocks: x.block_holders().map(|(axis, h)| (axis, h.to_vec())),
         }
     }
 
     /// This rank's own chunk of a parameter (one copy).
     pub fn own(local: Array) -> Self {
-        Self { local, copies: 1 }
+        Self {
+            local,
+            copies: 1,
+            blocks: None,
+        }
+    }
+
+    /// The sum of `values`' squares (this parameter's local array or its
+    /// gradient) with each copy counted once: divided by `copies`, or
+    /// each block by its holders.
+    ///
+    /// # Errors
+    /// An MLX error.
+    pub fn counted_squares(&self, values: &Array, copies: usize, s: &Stream) -> Result<Array> {
+        let squares = |a: &Array| -> Result<Array> { Ok(a.square(s)?.sum(None, s)?) };
+        let Some((axis, holders)) = &self.blocks else {
+            let sq = squares(values)?;
+            return Ok(match copies {
+                0 | 1 => sq,
+                k => sq.divide(Array::from_f32(k as f32), s)?,
+            });
+        };
+        let len = values.shape().get(*axis).copied().unwrap_or(0);
+        let block = usize::try_from(len).unwrap_or(0) / holders.len().max(1);
+        let mut total = Array::from_f32(0.0);
+        for (i, &k) in holders.iter().enumerate() {
+            let part = runtime::slice_axis(values, *axis, i * block, block, s)?;
+            let sq = squares(&part)?.divide(Array::from_f32(k.max(1) as f32), s)?;
+            total = total.add(&sq, s)?;
+        }
+        Ok(total)
     }
 }
 

@@ -154,11 +154,7 @@ pub(crate) fn clip_counting<M: Parameters>(
     let mut own = Array::from_f32(0.0);
     let params = grads.parameters();
     for (i, p) in params.iter().enumerate() {
-        let mut sq = p.local.square(s)?.sum(None, s)?;
-        let copies = copies(i, p.copies);
-        if copies > 1 {
-            sq = sq.divide(Array::from_f32(copies as f32), s)?;
-        }
+        let sq = p.counted_squares(&p.local, copies(i, p.copies), s)?;
         own = own.add(&sq, s)?;
     }
     let total = crate::runtime::all_sum(&own, group, s)?;

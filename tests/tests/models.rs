@@ -2,8 +2,10 @@
 //! ranks: the prompt's logits equal mlx-lm's for the same weights (goldens
 //! made by `tests/golden/make_llama_goldens.py` and, for Phi-3,
 //! `make_phi3_goldens.py`), decoding with the KV
-//! cache equals the whole-sequence logits, and every rank reads only its
-//! part of the weights; the same for GGUF copies of two of the models.
+//! cache equals the whole-sequence logits, every rank reads only its part
+//! of the weights and holds its chunk of the query heads (KV heads shared
+//! where query heads of one fall on two ranks); the same for GGUF copies
+//! of five of the models.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +13,7 @@ use safemlx::Stream;
 use safemlx_dist::checkpoint::{GgufFile, HfDirectory, TensorSource};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::Llama;
+use safemlx_dist::typed::chunk;
 use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
@@ -81,6 +84,20 @@ fn check_model(group: &Group, model: &Llama, (read, total): (u64, u64), case: &s
     let (prompt, want) = golden(case, &s);
     if n > 1 {
         assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
+    }
+    // Query heads by the chunk rule (6 over 2 ranks: 3 + 3, where KV
+    // heads would give 4 + 2), with the KV heads they read.
+    let (heads, kv_heads) = (model.config().heads, model.config().kv_heads);
+    let split = model.head_split().expect("a layer");
+    let query = chunk(heads, rank, n);
+    assert_eq!(split.query, query, "{what}: query heads");
+    if query.1 > 0 {
+        let group = heads / kv_heads;
+        let kv = (
+            query.0 / group,
+            (query.0 + query.1 - 1) / group + 1 - query.0 / group,
+        );
+        assert_eq!(split.kv, kv, "{what}: KV heads");
     }
     check_logits(model, &prompt, &want, &what);
 }

@@ -234,7 +234,12 @@ fn check_errors(group: &Group) {
     let whole = ShardedArray::<Replicated>::replicated(Array::from_slice(&[0f32; 4], &[4]), group);
     assert_eq!(
         whole.copy_of(0, 1, n).unwrap_err().to_string(),
-        format!("a Replicated part declared copy 0 of 1 held by {n} ranks: copies are parts of a Sharded array, the slot below the count, held by at least one rank")
+        format!("a Replicated array declared copies held by [{n}] ranks: copies are parts of a Sharded array (a Replicated one is whole on every rank already)")
+    );
+    let part = chunk(3, group.rank(), n).1;
+    assert_eq!(
+        short.clone().blocks_of(0, 2, 2, &[1, 1]).unwrap_err().to_string(),
+        format!("a Sharded<0> part of {part} entries declared blocks 0..2 of 2 blocks of 2 entries held by [1, 1] ranks: the blocks must lie below the count, each held by at least one rank, the part as long as its blocks")
     );
     let shape = y.global_shape().to_vec();
     let error = shard_map(

@@ -1,29 +1,27 @@
 //! Grouped-query attention with rotary positions and a KV cache, heads
 //! split across ranks.
 //!
-//! Query heads follow their KV head: with `n` ranks and `kv` KV heads,
-//!
-//! - `n <= kv`: KV heads are split by the chunk rule (uneven allowed: 3 KV
-//!   heads over 2 ranks are 2 + 1), each rank taking every query head of
-//!   its KV heads;
-//! - `n > kv`: ranks are split over the KV heads by the chunk rule, each
-//!   rank holding one KV head (replicated on the ranks that share it) and
-//!   its chunk of that head's query heads. A rank may then hold no query
-//!   head at all (more ranks than query heads); it adds nothing.
+//! Query heads are split by the chunk rule (9 over 2 ranks: 5 + 4) and
+//! each rank holds every KV head its query heads read, so a KV head whose
+//! query heads fall on several ranks is held by each of them (SmolLM2's 3
+//! KV heads over 2 ranks: heads 0-1 and 1-2). A rank may hold no query
+//! head at all (more ranks than query heads); it adds nothing.
 //!
 //! The forward goes by the types: the replicated tokens times q, k and v
 //! split by rows (heads) are `Sharded<1>` by heads; each rank attends over
-//! its own heads ([`shard_map`]); the heads times the output projection
-//! split by columns are a `Partial` sum, reduced with one `all_sum` of
-//! `[T, D]`. With more ranks than KV heads, k and v hold one row block per
-//! rank, the shared head's rows on each rank that shares it, declared
-//! copies ([`LinearWeight::copy_of`]): while a gradient is traced, their
-//! gradients are summed over the ranks sharing the head where they enter
-//! computation, like every sum the typed layer inserts.
+//! its own heads ([`shard_map`]), in one call of MLX's fused attention per
+//! run of query heads that read their KV heads evenly (two for a rank
+//! holding 3 + 2 query heads of two KV heads); the heads times the output
+//! projection split by columns are a `Partial` sum, reduced with one
+//! `all_sum` of `[T, D]`. The KV heads held by several ranks are declared
+//! blocks of copies ([`LinearWeight::blocks_of`]): while a gradient is
+//! traced, each block's gradient is summed over the ranks holding it where
+//! it enters computation, like every sum the typed layer inserts.
 
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
+use super::grouped_sdpa;
 use super::head_rows::HeadRows;
 use super::head_split::HeadSplit;
 use super::kv_cache::LayerKv;
@@ -411,10 +409,10 @@ impl GqaAttention {
         let hd = self.config.head_dim as i32;
         let (heads, kv_heads) = (self.split.query.1 as i32, self.split.kv.1 as i32);
         if heads == 0 && !crate::grad::is_tracing() {
-            // More ranks than query heads: no query reads this rank's keys
-            // and values, so it keeps none (its positions still count).
-            // While traced it computes on empty heads instead, to take
-            // part in the gradient sums its peers run.
+            // More ranks than query heads: this rank holds no heads and
+            // keeps no keys (its positions still count). While traced it
+            // computes on empty heads instead, to take part in the
+            // gradient sums its peers run, in their order.
             cache.skip(t as usize);
             return Ok(safemlx::ops::zeros_dtype(&[t, 0], q.dtype(), s)?);
         }
@@ -459,12 +457,14 @@ impl GqaAttention {
             None => (t > 1).then_some(ScaledDotProductAttentionMask::Causal),
         };
         let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
-        let out = safemlx::fast::scaled_dot_product_attention(
-            &q,
-            &keys,
-            &values,
+        let segments = self
+            .split
+            .segments(self.config.heads / self.config.kv_heads);
+        let out = grouped_sdpa::attention(
+            &segments,
+            [&q, &keys, &values],
             scale,
-            mask,
+            mask.as_ref(),
             sinks.as_ref(),
             s,
         )?;

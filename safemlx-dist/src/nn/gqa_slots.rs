@@ -12,6 +12,7 @@ use safemlx::ops::indexing::TryIndexOp;
 use safemlx::{Array, Stream};
 
 use super::gqa::{GqaAttention, Rope};
+use super::grouped_sdpa;
 use super::slot_cache::{SlotLayer, SlotRows};
 use super::window_cache::window_mask;
 use crate::error::{Error, Result};
@@ -83,6 +84,7 @@ impl GqaAttention {
         let (keys, values) = layer.write(rows, slots, [&k, &v], s)?;
         let scale = 1.0 / (config.head_dim as f32).sqrt();
         let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
+        let segments = split.segments(config.heads / config.kv_heads);
         // The pieces of the output and the rows each covers.
         let (mut pieces, mut order) = (Vec::new(), Vec::new());
         let (mut singles, mut at) = (Vec::new(), 0);
@@ -110,12 +112,11 @@ impl GqaAttention {
                     Some(allowed) => ScaledDotProductAttentionMask::Array(allowed),
                     None => ScaledDotProductAttentionMask::Causal,
                 };
-                let out = safemlx::fast::scaled_dot_product_attention(
-                    &q,
-                    &seen_keys,
-                    &seen(&values)?,
+                let out = grouped_sdpa::attention(
+                    &segments,
+                    [&q, &seen_keys, &seen(&values)?],
                     scale,
-                    Some(mask),
+                    Some(&mask),
                     sinks.as_ref(),
                     s,
                 )?;
@@ -207,12 +208,12 @@ impl GqaAttention {
             mask = mask.logical_and(&inside, s)?;
         }
         let mask = mask.reshape(&[rows, 1, 1, longest], s)?;
-        let out = safemlx::fast::scaled_dot_product_attention(
-            &q,
-            &seen(keys)?,
-            &seen(values)?,
+        let segments = split.segments(self.config().heads / self.config().kv_heads);
+        let out = grouped_sdpa::attention(
+            &segments,
+            [&q, &seen(keys)?, &seen(values)?],
             scale,
-            Some(ScaledDotProductAttentionMask::Array(&mask)),
+            Some(&ScaledDotProductAttentionMask::Array(&mask)),
             sinks,
             s,
         )?;

@@ -1,6 +1,6 @@
 //! How the ranks divide an attention layer's heads into rows of its
 //! projections: this rank's rows of q (and k, v), every rank's row
-//! counts, and the copies of a KV head shared by several ranks.
+//! counts, and the copies of KV heads shared by several ranks.
 
 use safemlx::Stream;
 
@@ -8,16 +8,16 @@ use super::head_split::HeadSplit;
 use super::load_linear::load_row_block;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::typed::{chunk, LinearWeight, Sharded, ShardedArray};
+use crate::typed::{LinearWeight, Sharded, ShardedArray};
 
 /// One kind of head (query or KV) as the ranks divide it: this rank's rows
-/// `(first, count)` of the projection, every rank's row count, and, with
-/// more ranks than KV heads, this rank's KV head as a copy
-/// `(slot, slots, holders)`.
+/// `(first, count)` of the projection, every rank's row count, and, when
+/// some KV head is held by several ranks, this rank's KV heads as blocks
+/// `(first, slots, block, holders)` (see [`ShardedArray::blocks_of`]).
 pub(super) struct HeadRows {
     pub(super) mine: (usize, usize),
     pub(super) split: Vec<usize>,
-    copy: Option<(usize, usize, usize)>,
+    copies: Option<(usize, usize, usize, Vec<usize>)>,
 }
 
 impl HeadRows {
@@ -29,23 +29,23 @@ impl HeadRows {
         n: usize,
     ) -> Result<[Self; 2]> {
         let rows = |(first, count): (usize, usize)| (first * hd, count * hd);
-        let all: Vec<HeadSplit> = (0..n)
-            .map(|rank| HeadSplit::new(heads, kv_heads, rank, n))
-            .collect::<Result<_>>()?;
-        let copy = (n > kv_heads).then(|| {
-            let slot = split.kv.0;
-            (slot, kv_heads, chunk(n, slot, kv_heads).1)
+        let all = HeadSplit::all(heads, kv_heads, n)?;
+        let holders = HeadSplit::kv_holders(&all, kv_heads);
+        let copies = holders.iter().any(|&h| h > 1).then(|| {
+            let (first, count) = split.kv;
+            let mine = holders[first..first + count].to_vec();
+            (first, kv_heads, hd, mine)
         });
         Ok([
             Self {
                 mine: rows(split.query),
                 split: all.iter().map(|h| h.query.1 * hd).collect(),
-                copy: None,
+                copies: None,
             },
             Self {
                 mine: rows(split.kv),
                 split: all.iter().map(|h| h.kv.1 * hd).collect(),
-                copy,
+                copies,
             },
         ])
     }
@@ -61,8 +61,10 @@ impl HeadRows {
     ) -> Result<LinearWeight<Sharded<0>>> {
         let (first, count) = self.mine;
         let weight = load_row_block(w, name, shape, (offset + first, count), &self.split, s)?;
-        match self.copy {
-            Some((slot, slots, holders)) => weight.copy_of(slot, slots, holders),
+        match &self.copies {
+            Some((first, slots, block, holders)) => {
+                weight.blocks_of(*first, *slots, *block, holders)
+            }
             None => Ok(weight),
         }
     }
@@ -81,8 +83,8 @@ impl HeadRows {
         let rows = self.split.iter().sum::<usize>();
         let rows = i32::try_from(rows).map_err(|_| Error::ShapeOverflow { value: rows })?;
         let bias = ShardedArray::from_local_split(local, w.comm(), &[rows], &self.split)?;
-        match self.copy {
-            Some((slot, slots, holders)) => bias.copy_of(slot, slots, holders),
+        match &self.copies {
+            Some((first, slots, block, holders)) => bias.blocks_of(*first, *slots, *block, holders),
             None => Ok(bias),
         }
     }

@@ -1,7 +1,10 @@
-//! Which query and KV heads a rank holds: query heads follow their KV
-//! head, KV heads are split by the chunk rule, and with more ranks than KV
-//! heads each KV head is replicated on the ranks that split its query
-//! heads (see `gqa.rs`).
+//! Which query and KV heads a rank holds: the query heads are split by the
+//! chunk rule (9 heads over 2 ranks are 5 + 4), and each rank holds every
+//! KV head its query heads read, so a KV head whose query heads fall on
+//! several ranks is held by each of them (see `gqa.rs`). A rank's query
+//! heads may then read their KV heads unequally (5 heads over KV heads of
+//! 3 query heads each: 3 read the first, 2 the second): its attention runs
+//! in [`segments`](HeadSplit::segments) of equal grouping.
 
 use crate::error::{Error, Result};
 use crate::typed::chunk;
@@ -11,7 +14,19 @@ use crate::typed::chunk;
 pub struct HeadSplit {
     /// This rank's query heads.
     pub query: (usize, usize),
-    /// This rank's KV heads (with `n > kv`, one head shared with other ranks).
+    /// The KV heads this rank's query heads read (none without query
+    /// heads); a KV head may be held by several ranks.
+    pub kv: (usize, usize),
+}
+
+/// A run of a rank's query heads that read its KV heads evenly: `query`
+/// and `kv` as `(first, count)` among the rank's own heads, `query.1` a
+/// multiple of `kv.1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadSegment {
+    /// The run's query heads, counted from the rank's first.
+    pub query: (usize, usize),
+    /// The KV heads they read, counted from the rank's first.
     pub kv: (usize, usize),
 }
 
@@ -23,76 +38,171 @@ impl HeadSplit {
     /// No heads, or a query-head count that is not a multiple of the KV
     /// heads (each KV head serves the same number of query heads).
     pub fn new(heads: usize, kv_heads: usize, rank: usize, n: usize) -> Result<Self> {
+        Self::check(heads, kv_heads)?;
+        let query = chunk(heads, rank, n);
+        Ok(Self::reading(query, heads / kv_heads))
+    }
+
+    /// Every rank's heads, in rank order.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn all(heads: usize, kv_heads: usize, n: usize) -> Result<Vec<Self>> {
+        (0..n)
+            .map(|rank| Self::new(heads, kv_heads, rank, n))
+            .collect()
+    }
+
+    fn check(heads: usize, kv_heads: usize) -> Result<()> {
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
             return Err(Error::Shape(format!(
                 "grouped-query attention with {heads} query heads and {kv_heads} KV heads: the query heads must be a non-zero multiple of the KV heads"
             )));
         }
-        let group = heads / kv_heads;
-        if n <= kv_heads {
-            let (first, count) = chunk(kv_heads, rank, n);
-            return Ok(Self {
-                query: (first * group, count * group),
-                kv: (first, count),
-            });
+        Ok(())
+    }
+
+    /// The query heads `query` and the KV heads they read, `group` query
+    /// heads per KV head.
+    fn reading((first, count): (usize, usize), group: usize) -> Self {
+        if count == 0 {
+            return Self {
+                query: (first, 0),
+                kv: (first / group, 0),
+            };
         }
-        // More ranks than KV heads: KV head `k` is held by the ranks of
-        // chunk(n, k, kv_heads), which split its query heads among them.
-        let kv = (0..kv_heads)
-            .find(|&k| {
-                let (first, count) = chunk(n, k, kv_heads);
-                (first..first + count).contains(&rank)
-            })
-            .unwrap_or(kv_heads - 1);
-        let (first_rank, sharing) = chunk(n, kv, kv_heads);
-        let (first, count) = chunk(group, rank - first_rank, sharing);
-        Ok(Self {
-            query: (kv * group + first, count),
-            kv: (kv, 1),
+        let (kv_first, kv_last) = (first / group, (first + count - 1) / group);
+        Self {
+            query: (first, count),
+            kv: (kv_first, kv_last - kv_first + 1),
+        }
+    }
+
+    /// How many of this rank's query heads read each of its KV heads, with
+    /// `group` query heads per KV head in the model.
+    fn readers(&self, group: usize) -> impl Iterator<Item = usize> + '_ {
+        let (first, count) = self.query;
+        (self.kv.0..self.kv.0 + self.kv.1).map(move |k| {
+            let from = (k * group).max(first);
+            let to = ((k + 1) * group).min(first + count);
+            to.saturating_sub(from)
         })
+    }
+
+    /// This rank's query heads as runs that read its KV heads evenly
+    /// (`group` query heads per KV head in the model): one run when every
+    /// KV head serves as many of its query heads; at most three (a partial
+    /// group, whole groups, a partial group) otherwise.
+    pub fn segments(&self, group: usize) -> Vec<HeadSegment> {
+        let mut runs: Vec<(usize, HeadSegment)> = Vec::new();
+        let (mut q, mut k) = (0, 0);
+        for readers in self.readers(group) {
+            match runs.last_mut() {
+                Some((per, run)) if *per == readers => {
+                    run.query.1 += readers;
+                    run.kv.1 += 1;
+                }
+                _ => runs.push((
+                    readers,
+                    HeadSegment {
+                        query: (q, readers),
+                        kv: (k, 1),
+                    },
+                )),
+            }
+            (q, k) = (q + readers, k + 1);
+        }
+        runs.into_iter().map(|(_, run)| run).collect()
+    }
+
+    /// How many ranks of `all` hold each KV head of `kv_heads`.
+    pub fn kv_holders(all: &[Self], kv_heads: usize) -> Vec<usize> {
+        (0..kv_heads)
+            .map(|k| {
+                let holds = |s: &&Self| (s.kv.0..s.kv.0 + s.kv.1).contains(&k);
+                all.iter().filter(holds).count()
+            })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::HeadSplit;
+    use super::{HeadSegment, HeadSplit};
 
     fn splits(heads: usize, kv: usize, n: usize) -> Vec<((usize, usize), (usize, usize))> {
-        (0..n)
-            .map(|r| {
-                let s = HeadSplit::new(heads, kv, r, n).unwrap();
-                (s.query, s.kv)
-            })
+        HeadSplit::all(heads, kv, n)
+            .unwrap()
+            .iter()
+            .map(|s| (s.query, s.kv))
             .collect()
     }
 
     #[test]
-    fn query_heads_follow_their_kv_head() {
-        // SmolLM2-135M: 9 query heads over 3 KV heads.
+    fn query_heads_split_evenly_and_hold_the_kv_heads_they_read() {
+        // SmolLM2-135M: 9 query heads over 3 KV heads; at 2 ranks 5 + 4,
+        // KV head 1 on both.
         assert_eq!(splits(9, 3, 1), [((0, 9), (0, 3))]);
-        assert_eq!(splits(9, 3, 2), [((0, 6), (0, 2)), ((6, 3), (2, 1))]);
+        assert_eq!(splits(9, 3, 2), [((0, 5), (0, 2)), ((5, 4), (1, 2))]);
         assert_eq!(
             splits(9, 3, 3),
             [((0, 3), (0, 1)), ((3, 3), (1, 1)), ((6, 3), (2, 1))]
         );
-        // More ranks than KV heads: KV head 0 is replicated on ranks 0 and 1.
         assert_eq!(
             splits(9, 3, 4),
             [
-                ((0, 2), (0, 1)),
-                ((2, 1), (0, 1)),
-                ((3, 3), (1, 1)),
-                ((6, 3), (2, 1))
+                ((0, 3), (0, 1)),
+                ((3, 2), (1, 1)),
+                ((5, 2), (1, 2)),
+                ((7, 2), (2, 1))
             ]
         );
         // More ranks than query heads: rank 2 holds none.
         assert_eq!(
             splits(2, 1, 3),
-            [((0, 1), (0, 1)), ((1, 1), (0, 1)), ((2, 0), (0, 1))]
+            [((0, 1), (0, 1)), ((1, 1), (0, 1)), ((2, 0), (1, 0))]
+        );
+        assert_eq!(
+            HeadSplit::kv_holders(&HeadSplit::all(9, 3, 4).unwrap(), 3),
+            [1, 2, 2]
         );
         assert!(HeadSplit::new(9, 2, 0, 1)
             .unwrap_err()
             .to_string()
             .contains("must be a non-zero multiple of the KV heads"));
+    }
+
+    #[test]
+    fn segments_group_the_query_heads_by_their_readers() {
+        let seg = |q: (usize, usize), k: (usize, usize)| HeadSegment { query: q, kv: k };
+        let all = HeadSplit::all(9, 3, 2).unwrap();
+        // Rank 0: heads 0-2 read KV 0, heads 3-4 read KV 1.
+        assert_eq!(
+            all[0].segments(3),
+            [seg((0, 3), (0, 1)), seg((3, 2), (1, 1))]
+        );
+        assert_eq!(
+            all[1].segments(3),
+            [seg((0, 1), (0, 1)), seg((1, 3), (1, 1))]
+        );
+        // Whole groups: one run.
+        assert_eq!(
+            HeadSplit::new(32, 8, 1, 4).unwrap().segments(4),
+            [seg((0, 8), (0, 2))]
+        );
+        // A partial group, whole groups, a partial group.
+        let middle = HeadSplit {
+            query: (1, 8),
+            kv: (0, 5),
+        };
+        assert_eq!(
+            middle.segments(2),
+            [
+                seg((0, 1), (0, 1)),
+                seg((1, 6), (1, 3)),
+                seg((7, 1), (4, 1))
+            ]
+        );
+        assert!(HeadSplit::new(2, 1, 2, 3).unwrap().segments(2).is_empty());
     }
 }

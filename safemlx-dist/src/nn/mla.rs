@@ -117,9 +117,10 @@ impl MlaAttention {
         let comm = w.comm();
         let c = config;
         let split = HeadSplit::new(c.heads, c.heads, comm.rank(), comm.size())?;
-        let heads: Vec<usize> = (0..comm.size())
-            .map(|rank| HeadSplit::new(c.heads, c.heads, rank, comm.size()).map(|h| h.query.1))
-            .collect::<Result<_>>()?;
+        let heads: Vec<usize> = HeadSplit::all(c.heads, c.heads, comm.size())?
+            .iter()
+            .map(|h| h.query.1)
+            .collect();
         let rows_of = |per_head: usize| heads.iter().map(|h| h * per_head).collect::<Vec<_>>();
         let qk = c.nope_dim + c.rope_dim;
         let weight = |stem: &str| format!("{stem}.weight");

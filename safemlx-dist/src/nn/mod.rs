@@ -13,6 +13,7 @@
 mod embedding;
 mod gqa;
 mod gqa_slots;
+mod grouped_sdpa;
 mod head_rows;
 mod head_split;
 pub mod kv_cache;
@@ -26,7 +27,7 @@ mod window_cache;
 
 pub use embedding::{gather_logits, Embedding};
 pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
-pub use head_split::HeadSplit;
+pub use head_split::{HeadSegment, HeadSplit};
 pub use kv_cache::{KvCache, LayerCache, LayerKv};
 pub use load_linear::{load_columns, load_replicated, load_row_block, load_rows};
 pub use mla::{MlaAttention, MlaConfig, MlaNames};

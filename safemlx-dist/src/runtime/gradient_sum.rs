@@ -59,24 +59,49 @@ pub fn sum_gradients(x: &Array, group: &Group, s: &Stream) -> Result<Array> {
     super::native::identity_with_vjp(x, Box::new(move |g| super::all_sum(g, &group, &s)))
 }
 
+/// Where a rank's shared part lies in the gradient buffer of
+/// [`sum_gradients_together`]: its `count` blocks from block `first` of
+/// `slots` blocks of `len` values each (a rank's KV heads among every KV
+/// head of a layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SharedSlots {
+    pub(crate) first: usize,
+    pub(crate) count: usize,
+    pub(crate) slots: usize,
+    pub(crate) len: usize,
+}
+
+impl SharedSlots {
+    /// No shared part.
+    pub(crate) const NONE: Self = Self {
+        first: 0,
+        count: 0,
+        slots: 0,
+        len: 0,
+    };
+}
+
 /// `whole` and `shared` unchanged; while tracing a gradient on several
 /// ranks, their gradients are summed in one `all_sum`: those of `whole`
-/// over every rank, those of `shared` over the ranks that pass the same
-/// `slot` of `slots` (the ranks holding one copy of a replicated head).
+/// over every rank, those of `shared` (`at.count` blocks of `at.len`
+/// values) with the same blocks of the ranks that hold them (the ranks
+/// holding one copy of a replicated head).
 ///
 /// One sum for several arrays matters where ranks build different graphs
 /// (a rank computing nothing for a layer, e.g. one whose experts got no
 /// token): two independent sums could reach the backward pass in another
 /// order there than on its peers and pair the wrong operands. Every rank
-/// must call it alike (same shapes, same `slots`); a shared array's
-/// gradient travels as a `slots` times larger buffer.
+/// must call it alike (same shapes of `whole`, same `at.slots` and
+/// `at.len`); a shared array's gradient travels as the whole buffer of
+/// `at.slots` blocks.
 ///
 /// # Errors
-/// A `slot` not below `slots`, or an MLX error.
+/// Blocks past `at.slots`, a shared part of another length than its
+/// blocks, or an MLX error.
 pub(crate) fn sum_gradients_together(
     whole: &[&Array],
     shared: &[&Array],
-    (slot, slots): (usize, usize),
+    at: SharedSlots,
     comm: &Group,
     s: &Stream,
 ) -> Result<(Vec<Array>, Vec<Array>)> {
@@ -84,9 +109,14 @@ pub(crate) fn sum_gradients_together(
     if !is_tracing() || comm.size() == 1 {
         return Ok((clones(whole), clones(shared)));
     }
-    if slot >= slots {
+    let shared_len: usize = shared.iter().map(|a| a.size()).sum();
+    if at.first + at.count > at.slots || shared_len != at.count * at.len {
         return Err(Error::Shape(format!(
-            "gradient slot {slot} of {slots}: the slot must be below the count"
+            "gradient blocks {}..{} of {} blocks of {} values for a shared part of {shared_len} values: the blocks must lie within the count and hold the part",
+            at.first,
+            at.first + at.count,
+            at.slots,
+            at.len
         )));
     }
     let flat = |a: &&Array| -> Result<Array> {
@@ -98,7 +128,6 @@ pub(crate) fn sum_gradients_together(
         .map(flat)
         .collect::<Result<_>>()?;
     let whole_len: usize = whole.iter().map(|a| a.size()).sum();
-    let shared_len: usize = shared.iter().map(|a| a.size()).sum();
     let joint = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
     let (group, stream) = (comm.clone(), s.clone());
     let joint = super::native::identity_with_vjp(
@@ -108,13 +137,15 @@ pub(crate) fn sum_gradients_together(
             let cut = |a: &Array, at: usize, len: usize| super::slice_axis(a, 0, at, len, s);
             let zeros =
                 |len: usize| -> Result<Array> { Ok(safemlx::ops::zeros::<f32>(&[len as i32], s)?) };
-            // The shared part in this rank's slot of a `slots`-long buffer.
+            // The shared part in its blocks of a `slots`-block buffer.
+            let before = at.first * at.len;
+            let after = (at.slots - at.first - at.count) * at.len;
             let buffer = safemlx::ops::concatenate_axis(
                 &[
                     cut(g, 0, whole_len)?,
-                    zeros(slot * shared_len)?,
+                    zeros(before)?,
                     cut(g, whole_len, shared_len)?,
-                    zeros((slots - slot - 1) * shared_len)?,
+                    zeros(after)?,
                 ],
                 0,
                 s,
@@ -123,7 +154,7 @@ pub(crate) fn sum_gradients_together(
             Ok(safemlx::ops::concatenate_axis(
                 &[
                     cut(&summed, 0, whole_len)?,
-                    cut(&summed, whole_len + slot * shared_len, shared_len)?,
+                    cut(&summed, whole_len + before, shared_len)?,
                 ],
                 0,
                 s,

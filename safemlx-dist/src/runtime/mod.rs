@@ -40,7 +40,7 @@ pub use contract::{
 pub use eval::eval;
 pub(crate) use eval::read_back;
 pub use gradient_sum::{is_tracing, sum_gradients};
-pub(crate) use gradient_sum::{sum_gradients_together, Tracing};
+pub(crate) use gradient_sum::{sum_gradients_together, SharedSlots, Tracing};
 pub use group::Group;
 pub use join::init;
 pub(crate) use launcher_watch::this_launcher;

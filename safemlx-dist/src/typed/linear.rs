@@ -126,15 +126,20 @@ impl<P: QuantizedPlacement, C: Collective> LinearWeight<P, C> {
         }
     }
 
-    /// The same weight, its part declared one of `holders` copies of part
-    /// `slot` of `slots` (see [`ShardedArray::copy_of`]). A quantized
-    /// weight has no gradient, so the declaration changes nothing for it.
+    /// The same weight, its part declared blocks of `slots` (see
+    /// [`ShardedArray::blocks_of`]); nothing changes for a quantized one.
     ///
     /// # Errors
-    /// As [`ShardedArray::copy_of`].
-    pub fn copy_of(self, slot: usize, slots: usize, holders: usize) -> Result<Self> {
+    /// As [`ShardedArray::blocks_of`].
+    pub fn blocks_of(
+        self,
+        first: usize,
+        slots: usize,
+        block: usize,
+        holders: &[usize],
+    ) -> Result<Self> {
         Ok(match self {
-            Self::Float(w) => Self::Float(w.copy_of(slot, slots, holders)?),
+            Self::Float(w) => Self::Float(w.blocks_of(first, slots, block, holders)?),
             Self::Quantized(w) => Self::Quantized(w),
         })
     }

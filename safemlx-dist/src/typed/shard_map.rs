@@ -118,8 +118,9 @@ fn summed_together<C: Collective>(
         .collect();
     if !fresh.is_empty() {
         let locals: Vec<&Array> = fresh.iter().map(|x| x.local()).collect();
+        let none = crate::runtime::SharedSlots::NONE;
         let (summed, _) =
-            crate::runtime::sum_gradients_together(&locals, &[], (0, 1), first.comm().group(), s)?;
+            crate::runtime::sum_gradients_together(&locals, &[], none, first.comm().group(), s)?;
         for (x, a) in fresh.iter().zip(summed) {
             x.set_summed(a);
         }

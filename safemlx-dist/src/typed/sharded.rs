@@ -43,14 +43,17 @@ pub struct ShardedArray<P: Placement, C: Collective = Group> {
     _placement: PhantomData<P>,
 }
 
-/// This rank's part of a `Sharded` array is one of `holders` identical
-/// copies of part `slot` of `slots` distinct parts: a KV head replicated
-/// on the ranks that share it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// This rank's part of a `Sharded` array as blocks of `block` entries
+/// along the sharded axis, blocks `first..first + holders.len()` of
+/// `slots` distinct blocks, block `first + i` held (as identical copies)
+/// by `holders[i]` ranks: KV heads held by every rank whose query heads
+/// read them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Copies {
-    slot: usize,
+    first: usize,
     slots: usize,
-    holders: usize,
+    block: usize,
+    holders: Arc<[usize]>,
 }
 
 impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
@@ -272,38 +275,90 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     /// held by the ranks that pass the same `slot` of `slots` distinct
     /// parts: a KV head replicated on the ranks that share it, in a
     /// `Sharded<0>` weight of every rank's heads (each copy counted as a
-    /// row block). Every rank of the group must declare it alike (same
-    /// `slots`). While a gradient is traced, the part's gradient is summed
-    /// over the ranks of its slot where it enters computation, and
-    /// `grad::Parameter` counts the copies once.
+    /// row block). The one-block case of [`blocks_of`](Self::blocks_of).
     ///
     /// # Errors
-    /// A placement that shards no axis, a `slot` not below `slots`, or no
-    /// holder.
-    pub fn copy_of(mut self, slot: usize, slots: usize, holders: usize) -> Result<Self> {
-        if P::AXIS.is_none() || slot >= slots || holders == 0 {
+    /// As [`blocks_of`](Self::blocks_of).
+    pub fn copy_of(self, slot: usize, slots: usize, holders: usize) -> Result<Self> {
+        let block = self.local_axis_len();
+        self.blocks_of(slot, slots, block, &[holders])
+    }
+
+    /// The same array, its part declared blocks `first..first +
+    /// holders.len()` of `slots` distinct blocks of `block` entries along
+    /// the sharded axis, block `first + i` held as identical copies by
+    /// `holders[i]` ranks: the KV heads of a balanced head split, each on
+    /// every rank whose query heads read it, in a `Sharded<0>` weight of
+    /// every rank's heads (each rank's blocks counted as its rows). Every
+    /// rank of the group must declare it alike (same `slots` and `block`;
+    /// a rank holding none declares no holders). While a gradient is
+    /// traced, each block's gradient is summed over the ranks holding it
+    /// where the part enters computation, and `grad::Parameter` counts the
+    /// copies once.
+    ///
+    /// # Errors
+    /// A placement that shards no axis, blocks past `slots`, a block held
+    /// by no rank, or a part whose length along the axis is not its blocks'.
+    pub fn blocks_of(
+        mut self,
+        first: usize,
+        slots: usize,
+        block: usize,
+        holders: &[usize],
+    ) -> Result<Self> {
+        if P::AXIS.is_none() {
             return Err(Error::Shape(format!(
-                "a {} part declared copy {slot} of {slots} held by {holders} ranks: copies are parts of a Sharded array, the slot below the count, held by at least one rank",
+                "a {} array declared copies held by {holders:?} ranks: copies are parts of a Sharded array (a {} one is whole on every rank already)",
+                P::name(),
                 P::name()
             )));
         }
+        let len = self.local_axis_len();
+        if first + holders.len() > slots || holders.contains(&0) || len != block * holders.len() {
+            return Err(Error::Shape(format!(
+                "a {} part of {len} entries declared blocks {first}..{} of {slots} blocks of {block} entries held by {holders:?} ranks: the blocks must lie below the count, each held by at least one rank, the part as long as its blocks",
+                P::name(),
+                first + holders.len()
+            )));
+        }
         self.copies = Some(Arc::new(Copies {
-            slot,
+            first,
             slots,
-            holders,
+            block,
+            holders: holders.into(),
         }));
         Ok(self)
     }
 
+    /// This rank's length along the sharded axis (0 for no axis).
+    fn local_axis_len(&self) -> usize {
+        let axis = P::AXIS.and_then(|a| self.local.shape().get(a).copied());
+        usize::try_from(axis.unwrap_or(0)).unwrap_or(0)
+    }
+
     /// Ranks holding this rank's local array: the group's size for a
     /// `Replicated` array, the holders of a copy (see
-    /// [`copy_of`](Self::copy_of)), else 1.
+    /// [`copy_of`](Self::copy_of)), else 1; 1 too for a part whose blocks
+    /// have different holders ([`block_holders`](Self::block_holders)).
     pub fn holders(&self) -> usize {
         match &self.copies {
             _ if P::REPLICATED => self.comm.size(),
-            Some(c) => c.holders,
+            Some(c) => match *c.holders {
+                [first, ref rest @ ..] if rest.iter().all(|&h| h == first) => first,
+                _ => 1,
+            },
             None => 1,
         }
+    }
+
+    /// For a part whose blocks are held by different numbers of ranks (see
+    /// [`blocks_of`](Self::blocks_of)): the sharded axis and each block's
+    /// holders.
+    pub fn block_holders(&self) -> Option<(usize, &[usize])> {
+        let copies = self.copies.as_deref()?;
+        let axis = P::AXIS?;
+        let uneven = copies.holders.windows(2).any(|w| w[0] != w[1]);
+        uneven.then_some((axis, &copies.holders[..]))
     }
 
     /// The same array keeping this one's copy declaration (a transpose of
@@ -331,14 +386,33 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             return Ok(self.local.clone());
         };
         self.summed_once(|x| {
-            let (_, mut shared) = crate::runtime::sum_gradients_together(
-                &[],
-                &[x],
-                (copies.slot, copies.slots),
-                self.comm.group(),
-                s,
-            )?;
-            Ok(shared.pop().unwrap_or_else(|| x.clone()))
+            let (axis, width) = (P::AXIS.unwrap_or(0), x.shape().len());
+            // Values per block: its entries along the axis times the rest.
+            let across: usize = (0..width)
+                .filter(|&d| d != axis)
+                .map(|d| usize::try_from(x.shape()[d]).unwrap_or(0))
+                .product();
+            let at = crate::runtime::SharedSlots {
+                first: copies.first,
+                count: copies.holders.len(),
+                slots: copies.slots,
+                len: copies.block * across,
+            };
+            // The blocks contiguous: the sharded axis first.
+            let front = |a: &Array| -> Result<Array> {
+                Ok(match axis {
+                    0 => a.clone(),
+                    _ => a.move_axis(axis as i32, 0, s)?,
+                })
+            };
+            let group = self.comm.group();
+            let (_, shared) =
+                crate::runtime::sum_gradients_together(&[], &[&front(x)?], at, group, s)?;
+            match (axis, shared.into_iter().next()) {
+                (0, Some(a)) => Ok(a),
+                (_, Some(a)) => Ok(a.move_axis(0, axis as i32, s)?),
+                (_, None) => Ok(x.clone()),
+            }
         })
     }
 

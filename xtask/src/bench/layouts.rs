@@ -159,6 +159,13 @@ fn report(rows: &[Value]) {
                 d / d1
             );
         }
+        if let (Some(p1), Some(pc), Some(p)) = (p1, pc, value(tp, "prefill_tokens_per_s")) {
+            println!(
+                "target: {backend} tp=2 prefill {:.2}x one rank; ratio {:.2} of the ceiling (goal >= 0.92; query heads 5 + 4)",
+                p / p1,
+                p / pc
+            );
+        }
         if let (Some(d1), Some(d)) = (d1, value(tp, "decode_tokens_per_s")) {
             println!(
                 "target: {backend} tp=2 decode {:.2}x one rank (goal on ring >= 1.0)",

@@ -1,0 +1,68 @@
+//! MLX's fused attention over a rank's heads when its query heads read
+//! their KV heads unequally (a balanced head split; see `head_split.rs`):
+//! one call per run of even grouping, the outputs joined along the heads.
+
+use safemlx::fast::ScaledDotProductAttentionMask;
+use safemlx::{Array, Stream};
+
+use super::head_split::HeadSegment;
+use crate::error::Result;
+use crate::runtime::slice_axis;
+
+/// Attention of `q` `[B, heads, T, hd]` over `keys` and `values` `[B, kv,
+/// L, hd]` (heads on axis 1) with `sinks` `[heads]`, run per segment of
+/// `segments` (see [`HeadSplit::segments`](super::HeadSplit::segments)),
+/// the outputs `[B, heads, T, hd]` joined in head order. With one segment
+/// it is one call of MLX's `scaled_dot_product_attention`, as without a
+/// split; with none (no query head) an empty output.
+pub(super) fn attention(
+    segments: &[HeadSegment],
+    [q, keys, values]: [&Array; 3],
+    scale: f32,
+    mask: Option<&ScaledDotProductAttentionMask<'_>>,
+    sinks: Option<&Array>,
+    s: &Stream,
+) -> Result<Array> {
+    let call = |q: &Array, k: &Array, v: &Array, sinks: Option<&Array>| -> Result<Array> {
+        let mask = mask.map(|m| match m {
+            ScaledDotProductAttentionMask::Array(a) => ScaledDotProductAttentionMask::Array(a),
+            ScaledDotProductAttentionMask::Causal => ScaledDotProductAttentionMask::Causal,
+        });
+        Ok(safemlx::fast::scaled_dot_product_attention(
+            q, k, v, scale, mask, sinks, s,
+        )?)
+    };
+    match segments {
+        [_] => return call(q, keys, values, sinks),
+        [] => {
+            // No query head (a rank holding none, while a gradient is
+            // traced): an empty output that reads q, the keys and the
+            // values in the fused call's order, so the backward reaches
+            // their gradient sums as its peers' does.
+            let mut out = q.clone();
+            for a in [keys, values] {
+                let none = a.sum(None, s)?.multiply(Array::from_f32(0.0), s)?;
+                out = out.add(none.as_dtype(q.dtype(), s)?, s)?;
+            }
+            return Ok(out);
+        }
+        _ => {}
+    }
+    let outputs = segments
+        .iter()
+        .map(|seg| {
+            let heads =
+                |a: &Array, (first, count): (usize, usize)| slice_axis(a, 1, first, count, s);
+            let sinks = sinks
+                .map(|a| slice_axis(a, 0, seg.query.0, seg.query.1, s))
+                .transpose()?;
+            call(
+                &heads(q, seg.query)?,
+                &heads(keys, seg.kv)?,
+                &heads(values, seg.kv)?,
+                sinks.as_ref(),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(safemlx::ops::concatenate_axis(&outputs, 1, s)?)
+}
