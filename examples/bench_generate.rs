@@ -108,7 +108,11 @@ fn run() -> Result<(), String> {
     let mesh: MeshSpec = flag("--mesh").unwrap_or_default().parse().map_err(err)?;
     let axes = mesh.resolve(n).map_err(err)?;
     let chunk = number("--prefill-chunk", 64)?;
-    let options = LoadOptions { weights, experts };
+    let options = LoadOptions {
+        weights,
+        experts,
+        tensor_split: None,
+    };
     let mesh = if axes.pp > 1 {
         Some(DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?)
     } else {

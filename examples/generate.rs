@@ -4,7 +4,8 @@
 //! safemlx-launch -n N -- target/release/examples/generate [--model PATH]
 //!     [--prompt TEXT] [--chat] [--max-tokens K] [--temperature T]
 //!     [--top-p P] [--seed S] [--dequantize] [--experts parallel|tensor-parallel]
-//!     [--mesh pp=P[,tp=T]] [--split W1:W2:..] [--prefill-chunk C] [--check]
+//!     [--mesh pp=P[,tp=T]] [--split W1:W2:..] [--tensor-split W1:W2:..]
+//!     [--prefill-chunk C] [--check]
 //! ```
 //!
 //! `--model` is a Hugging Face directory or a `.gguf` file; the default is
@@ -18,7 +19,10 @@
 //! each (evenly, by `--split 3:1`, or by each rank's free memory with `--split
 //! memory`), the prompt prefilled in chunks of
 //! `--prefill-chunk` tokens; without it every rank holds a slice of every
-//! layer (tensor parallel). Rank 0 streams the text; every rank prints the
+//! layer (tensor parallel). `--tensor-split 3:1` gives the tensor-parallel
+//! ranks (of each stage) attention heads and hidden columns in proportion
+//! to the weights instead of evenly (the vocabulary and the experts stay
+//! even). Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0, or of a pipeline's last rank, without peers), compares the prompt's logits (maximum relative
@@ -97,6 +101,10 @@ struct Args {
     /// overrides what a rank reports) [default: even]
     #[arg(long, value_name = "W1:W2:..|memory")]
     split: Option<Split>,
+    /// Attention heads and hidden columns per tensor-parallel rank (of each
+    /// stage) in proportion to these weights, one per rank [default: even]
+    #[arg(long, value_name = "W1:W2:..")]
+    tensor_split: Option<TensorSplit>,
     /// Prompt tokens per chunk of a pipelined prefill
     #[arg(long, default_value_t = 64, value_name = "C")]
     prefill_chunk: usize,
@@ -164,6 +172,7 @@ fn options() -> Result<Options, String> {
                 Experts::Parallel => ExpertPlacement::ExpertParallel,
                 Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
             },
+            tensor_split: args.tensor_split.map(|t| t.0),
         },
         mesh: args.mesh.unwrap_or_default(),
         split: args.split,
@@ -213,6 +222,10 @@ fn run() -> Result<(), String> {
         o.mesh.resolve(n)
     };
     let axes = axes.map_err(err)?;
+    let mut load = o.load.clone();
+    if reference.is_some() {
+        load.tensor_split = None;
+    }
     let started = Instant::now();
     let (loaded, link) = if axes.pp > 1 {
         let split = match o.split.clone() {
@@ -239,10 +252,10 @@ fn run() -> Result<(), String> {
         let mesh = DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
         let link = StageLink::new(&mesh).map_err(err)?;
         let (tensor, stage) = (mesh.axis("tp").map_err(err)?, link.stage());
-        let loaded = load_stage(tensor, &o.model, o.load, &split, stage, &s).map_err(err)?;
+        let loaded = load_stage(tensor, &o.model, load, &split, stage, &s).map_err(err)?;
         (loaded, Some(link))
     } else {
-        (load_with(&group, &o.model, o.load, &s).map_err(err)?, None)
+        (load_with(&group, &o.model, load, &s).map_err(err)?, None)
     };
     let load_seconds = started.elapsed().as_secs_f64();
     let prompt = prompt_tokens(&loaded, &o)?;
@@ -319,6 +332,18 @@ enum Split {
     Memory,
 }
 
+/// `--tensor-split`: one weight per tensor-parallel rank.
+#[derive(Clone)]
+struct TensorSplit(Vec<u32>);
+
+impl std::str::FromStr for TensorSplit {
+    type Err = safemlx_dist::Error;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        safemlx_dist::models::parse_weights("--tensor-split", text).map(Self)
+    }
+}
+
 impl std::str::FromStr for Split {
     type Err = safemlx_dist::Error;
 
@@ -351,6 +376,10 @@ fn report(
         })
         .unwrap_or_default();
     let model = &loaded.model;
+    let hidden = model
+        .mlp_hidden()
+        .map(|(first, count)| format!(", MLP columns {first}..{}", first + count))
+        .unwrap_or_default();
     let (per_token, per_head) = (
         model.cache_bytes_per_token(),
         model.per_head_cache_bytes_per_token(),
@@ -370,7 +399,7 @@ fn report(
         )
     };
     println!(
-        "rank {rank}/{n}: {layers}{heads}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
+        "rank {rank}/{n}: {layers}{heads}{hidden}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
         mib(loaded.weights.bytes_read()),
         mib(model.weight_bytes() as u64),
         if model.is_quantized() {

@@ -4,7 +4,7 @@
 //! ```text
 //! safemlx-launch -n N -- target/release/examples/train [--out DIR] [--steps K (200)]
 //!     [--lr LR] [--seq T] [--resume] [--data-parallel R]
-//!     [--mesh pp=P] [--micro-batches M (4)]
+//!     [--mesh pp=P] [--micro-batches M (4)] [--tensor-split W1:W2:..]
 //!     [--width D (64)] [--hidden H (128)] [--layers L (2)] [--bench FILE]
 //! ```
 //!
@@ -22,6 +22,8 @@
 //! of one rank each and each step takes M windows as GPipe micro-batches
 //! through them (`train/pipeline.rs`); `--mesh pp=1` on one rank is the
 //! same schedule in one process, the dense reference of its loss curve.
+//! `--tensor-split 5:3` gives the tensor-parallel ranks (of each stage)
+//! attention heads and hidden columns in proportion to the weights.
 //! Rank 0 shows a progress bar and prints the loss and tokens/s; at the end
 //! each rank saves its parameters and AdamW state
 //! (`DIR/checkpoint-N/rank-R.safetensors`, resumed with `--resume`), rank 0
@@ -37,9 +39,9 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{save, HfDirectory, SafetensorsFile};
+use safemlx_dist::checkpoint::{save, HfDirectory, SafetensorsFile, Weights};
 use safemlx_dist::grad::{average_gradients, value_and_grad_of, Parameters};
-use safemlx_dist::models::Llama;
+use safemlx_dist::models::{parse_weights, Llama, LlamaConfig};
 use safemlx_dist::nn::gather_logits;
 use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::{CollectiveProfile, Group, Replicated, ShardedArray};
@@ -135,6 +137,20 @@ fn resume(
     ))
 }
 
+/// The weights of `dir` over the tensor-parallel group `tp`, heads and
+/// hidden columns in proportion to `shares` (`--tensor-split`) if given.
+fn tensor_weights<'a>(
+    dir: &'a HfDirectory,
+    tp: &Group,
+    shares: Option<&[u32]>,
+) -> Result<Weights<'a>, String> {
+    let w = Weights::new(dir, tp);
+    match shares {
+        Some(shares) => w.with_shares(shares).map_err(err),
+        None => Ok(w),
+    }
+}
+
 /// The groups of a run: the tensor-parallel group the model is split
 /// over, and the data-parallel group of the ranks holding the same part
 /// (this rank alone without replicas).
@@ -182,7 +198,7 @@ fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
 }
 
 fn run() -> Result<(), String> {
-    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--mesh", Some("pp=P"), "Pipeline stages, one rank each"), ("--micro-batches", Some("M"), "Windows per step through the pipeline (4)"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
+    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--mesh", Some("pp=P"), "Pipeline stages, one rank each"), ("--micro-batches", Some("M"), "Windows per step through the pipeline (4)"), ("--tensor-split", Some("W1:W2:.."), "Heads and hidden columns per tensor-parallel rank in proportion to these weights"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
     let s = cpu_stream();
     let backend = backend_from_args()?;
     let world = safemlx_dist::init(false, backend).map_err(err)?;
@@ -229,9 +245,18 @@ fn run() -> Result<(), String> {
     let model_dir = out.join("model");
     write_model(&model_dir, size, &world, &s)?;
     let dir = HfDirectory::open(&model_dir).map_err(err)?;
+    let shares = flag("--tensor-split")
+        .map(|text| parse_weights("--tensor-split", &text))
+        .transpose()
+        .map_err(err)?;
     let mut model = match &pipe {
-        Some(p) => pipeline::load(p, &dir, &s)?,
-        None => Llama::from_hf(&tp, &dir, &s).map_err(err)?,
+        Some(p) => pipeline::load(p, &dir, shares.as_deref(), &s)?,
+        None => {
+            let w = tensor_weights(&dir, &tp, shares.as_deref())?;
+            let path = dir.path().display().to_string();
+            let config = LlamaConfig::from_hf(dir.config(), &path).map_err(err)?;
+            Llama::load(&w, config, &s).map_err(err)?
+        }
     };
     let c = model.config();
     let held = (

@@ -5,7 +5,7 @@
 //! stage, an AdamW step per stage.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{HfDirectory, Weights};
+use safemlx_dist::checkpoint::HfDirectory;
 use safemlx_dist::grad::Parameters;
 use safemlx_dist::models::{LayerSplit, Llama, LlamaConfig, Stage};
 use safemlx_dist::nn::gather_logits;
@@ -48,13 +48,20 @@ pub fn setup(
     }))
 }
 
-/// This rank's stage of the model in `dir`.
-pub fn load(p: &Pipeline, dir: &HfDirectory, s: &Stream) -> Result<Llama, String> {
+/// This rank's stage of the model in `dir`, heads and hidden columns in
+/// proportion to `shares` over the stage's ranks if given.
+pub fn load(
+    p: &Pipeline,
+    dir: &HfDirectory,
+    shares: Option<&[u32]>,
+    s: &Stream,
+) -> Result<Llama, String> {
     let path = dir.path().display().to_string();
     let config = LlamaConfig::from_hf(dir.config(), &path).map_err(err)?;
     let split = LayerSplit::Even(p.link.stages());
     let stage = Stage::of(&split, p.link.stage(), config.layers).map_err(err)?;
-    Llama::load_stage(&Weights::new(dir, p.link.tensor()), config, stage, s).map_err(err)
+    let w = super::tensor_weights(dir, p.link.tensor(), shares)?;
+    Llama::load_stage(&w, config, stage, s).map_err(err)
 }
 
 /// One step on the micro-batches starting at window `first`: the model

@@ -134,8 +134,17 @@ impl ModelArgs {
             Weights::AsStored => Storage::AsStored,
             Weights::Auto => Storage::FloatUpTo(available.map_or(0, |a| a / 2)),
         };
-        let loaded = load_with(group, &path, LoadOptions { weights, experts }, s)
-            .map_err(|e| e.to_string())?;
+        let loaded = load_with(
+            group,
+            &path,
+            LoadOptions {
+                weights,
+                experts,
+                tensor_split: None,
+            },
+            s,
+        )
+        .map_err(|e| e.to_string())?;
         let float = loaded.model.config().float_bytes();
         let available = available.map_or_else(|| "unknown memory".to_owned(), mib);
         let quantized = loaded.model.is_quantized();

@@ -5,6 +5,7 @@
 //! [`safemlx_dist::launch::Ranks`]; the functions here are what each rank runs.
 
 pub mod dense;
+pub mod golden_gradients;
 pub mod models;
 pub mod netns;
 pub mod typed;

@@ -5,12 +5,11 @@
 //! a `Replicated` one's is the whole dense gradient.
 
 use safemlx::{Array, Stream};
-use safemlx_dist::checkpoint::{HfDirectory, SafetensorsFile, Weights};
+use safemlx_dist::checkpoint::{HfDirectory, Weights};
 use safemlx_dist::grad::{value_and_grad, value_and_grad_of, Parameters};
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{gather_logits, Embedding, ExpertPlacement, RmsNorm};
-use safemlx_dist::optim::{clip_grad_norm, AdamW};
 use safemlx_dist::typed::{Replicated, Sharded};
 use safemlx_dist::{Backend, Group, ShardedArray};
 use safemlx_dist_examples::layers::{
@@ -18,6 +17,7 @@ use safemlx_dist_examples::layers::{
 };
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{assert_close, dense_attention, host, part, random, silu_array};
+use safemlx_dist_tests::golden_gradients::{check_against_golden, model_loss_and_norm};
 use safemlx_dist_tests::typed::Rng;
 
 fn dense_rms_norm(x: &Array, w: &Array, s: &Stream) -> Array {
@@ -414,24 +414,6 @@ const MODEL_CASES: [&str; 4] = [
     "llama3-kv1-sharded",
 ];
 
-/// The loss of `tests/golden/make_gradient_goldens.py`, its gradient's
-/// global norm, and the gradient as a model.
-fn model_loss_and_norm(model: &Llama, group: &Group, s: &Stream) -> (f32, f32, Llama) {
-    let prompt: Vec<u32> = vec![1, 5, 17, 33, 2, 60, 66, 12, 40];
-    let (t, v) = (prompt.len() as i32, model.config().vocab_size as i32);
-    let c: Vec<f32> = (0..t * v).map(|i| (0.1 * i as f32).sin()).collect();
-    let c = ShardedArray::<Replicated>::replicated(Array::from_slice(&c, &[t, v]), group);
-    let (loss, grads) = value_and_grad_of(model, |m| {
-        let logits = m.forward(&prompt, &mut m.new_cache(), s)?;
-        gather_logits(&logits, 0..t as usize, s)?
-            .mul(&c, s)?
-            .sum_all(s)
-    })
-    .expect("value_and_grad_of");
-    let (grads, norm) = clip_grad_norm(&grads, f32::MAX, group, s).expect("norm");
-    (host(&loss, s)[0], norm, grads)
-}
-
 /// Every float weight of a real Llama-family model (tied embeddings and 3
 /// KV heads, q/k/v biases, q/k norms): the loss and the global norm of its
 /// gradient equal mlx-lm's, at every rank count up to the KV heads; the
@@ -476,38 +458,6 @@ fn check_moe_models(group: &Group) {
 
 /// The loss and gradient norm of `model` equal mlx-lm's (the
 /// `gradients.safetensors` of `dir`), and one AdamW step lowers the loss.
-fn check_against_golden(
-    model: &Llama,
-    dir: &std::path::Path,
-    what: &str,
-    group: &Group,
-    s: &Stream,
-) {
-    let golden = SafetensorsFile::open(dir.join("gradients.safetensors")).unwrap();
-    let want = |name: &str| host(&golden.read(name, s).unwrap(), s)[0];
-    let (loss, norm, grads) = model_loss_and_norm(model, group, s);
-    let relative = |a: f32, b: f32| (a - b).abs() / b.abs().max(1e-6);
-    assert!(
-        relative(loss, want("loss")) <= 1e-4,
-        "{what}: loss {loss} vs mlx-lm {}",
-        want("loss")
-    );
-    assert!(
-        relative(norm, want("grad_norm")) <= 1e-4,
-        "{what}: gradient norm {norm} vs mlx-lm {}",
-        want("grad_norm")
-    );
-    assert_eq!(grads.parameters().len(), model.parameters().len(), "{what}");
-    // One AdamW step lowers the loss at every rank count.
-    let mut adam = AdamW::new(1e-3);
-    let stepped = adam.update(model, &grads, s).unwrap();
-    let (after, _, _) = model_loss_and_norm(&stepped, group, s);
-    assert!(
-        after < loss,
-        "{what}: the loss went from {loss} to {after} after a step"
-    );
-}
-
 #[test]
 fn moe_model_gradients_match_mlx_lm_at_1_to_4_ranks() {
     for ranks in [1, 2, 3, 4] {

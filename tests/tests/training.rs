@@ -291,6 +291,15 @@ fn the_train_example_follows_one_rank_and_resumes() {
         let err = (a - b).abs() / a.abs();
         assert!(err <= 1e-3, "step {step}: 6 ranks {b} vs 1 rank {a}");
     }
+    // Weighted 5:3: query heads 5 + 3 (KV head 2 on both ranks), hidden
+    // columns 80 + 48.
+    let weighted = base.join("weighted");
+    train(2, &weighted, &["--steps", "20", "--tensor-split", "5:3"]);
+    let five_three = curve(weighted.join("loss-2.json"));
+    for (step, (a, b)) in one.iter().zip(&five_three).enumerate() {
+        let err = (a - b).abs() / a.abs();
+        assert!(err <= 1e-3, "step {step}: 2 ranks at 5:3 {b} vs 1 rank {a}");
+    }
     train(2, &halves, &["--steps", "10"]);
     let out = train(2, &halves, &["--steps", "10", "--resume"]);
     assert!(out.contains("resumed after step 10"), "{out}");

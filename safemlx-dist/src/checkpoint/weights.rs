@@ -48,6 +48,9 @@ pub struct Weights<'a, C: Collective = Group> {
     source: &'a dyn TensorSource,
     comm: C,
     prefix: String,
+    /// Each rank's weight for the heads and hidden columns it takes
+    /// ([`with_shares`](Self::with_shares)); `None`: the chunk rule.
+    shares: Option<std::sync::Arc<[u32]>>,
 }
 
 impl<C: Collective> std::fmt::Debug for Weights<'_, C> {
@@ -69,6 +72,44 @@ impl<'a, C: Collective> Weights<'a, C> {
             source,
             comm: comm.clone(),
             prefix: String::new(),
+            shares: None,
+        }
+    }
+
+    /// The same weights, the ranks taking attention heads and hidden
+    /// columns in proportion to `shares` (one positive weight per rank of
+    /// the group, `--tensor-split 3:1`) instead of by the chunk rule. The
+    /// vocabulary and the experts keep the chunk rule.
+    ///
+    /// # Errors
+    /// Another number of weights than ranks, or a zero weight, named with
+    /// the fix.
+    pub fn with_shares(mut self, shares: &[u32]) -> Result<Self> {
+        let text: Vec<String> = shares.iter().map(u32::to_string).collect();
+        let text = text.join(":");
+        let n = self.comm.size();
+        if shares.len() != n {
+            return Err(Error::Setting(format!(
+                "--tensor-split {text} has {} parts for {n} tensor-parallel ranks; give one weight per rank",
+                shares.len()
+            )));
+        }
+        if let Some(k) = shares.iter().position(|w| *w == 0) {
+            return Err(Error::Setting(format!(
+                "--tensor-split {text}: part {} is 0; every rank needs a positive weight",
+                k + 1
+            )));
+        }
+        self.shares = Some(shares.into());
+        Ok(self)
+    }
+
+    /// Every rank's length of a dimension of `len` heads or columns: in
+    /// proportion to the shares when given, else by the chunk rule.
+    pub fn lengths(&self, len: usize) -> Vec<usize> {
+        match &self.shares {
+            Some(shares) => crate::typed::weighted_lengths(len, shares),
+            None => crate::typed::chunk_lengths(len, self.comm.size()),
         }
     }
 
@@ -85,6 +126,7 @@ impl<'a, C: Collective> Weights<'a, C> {
             source: self.source,
             comm: self.comm.clone(),
             prefix,
+            shares: self.shares.clone(),
         }
     }
 

@@ -287,6 +287,15 @@ impl Llama {
         self.layers.first().map(|l| l.attention.split())
     }
 
+    /// This rank's hidden columns `(first, count)` of the first layer with
+    /// a dense MLP (every dense layer splits alike); `None` without one.
+    pub fn mlp_hidden(&self) -> Option<(usize, usize)> {
+        self.layers.iter().find_map(|l| match &l.mlp {
+            FeedForward::Dense(m) => Some(m.hidden()),
+            FeedForward::Moe(_) => None,
+        })
+    }
+
     /// An empty KV cache for this rank's heads: sliding-window layers keep
     /// only their window.
     pub fn new_cache(&self) -> KvCache {

@@ -38,7 +38,7 @@ use safemlx::Stream;
 pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
 pub use llama::{Llama, StageInput};
 pub use stage_memory::{available_memory, parse_memory, split_by_memory, MEMORY_ENV};
-pub use stages::{LayerSplit, Stage};
+pub use stages::{parse_weights, LayerSplit, Stage};
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
 use crate::error::Result;
@@ -73,12 +73,16 @@ pub enum Storage {
 }
 
 /// How a model is loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LoadOptions {
     /// Quantized tensors kept or dequantized.
     pub weights: Storage,
     /// Where an MoE model's experts go (expert parallel by default).
     pub experts: ExpertPlacement,
+    /// Each tensor-parallel rank's weight for the attention heads and
+    /// hidden columns it takes (`--tensor-split 3:1`; see
+    /// [`Weights::with_shares`]); `None`: the chunk rule.
+    pub tensor_split: Option<Vec<u32>>,
 }
 
 /// The model `cargo xtask demo` fetches: the default of the `safemlx`
@@ -154,11 +158,13 @@ fn load_part(
             Some((split, index)) => Stage::of(split, index, config.layers)?,
             None => Stage::whole(config.layers),
         };
-        if dequantize {
-            Llama::load_stage(&Weights::new(&Dequantized(source), group), config, stage, s)
-        } else {
-            Llama::load_stage(&Weights::new(source, group), config, stage, s)
+        let dequantized = Dequantized(source);
+        let source: &dyn TensorSource = if dequantize { &dequantized } else { source };
+        let mut w = Weights::new(source, group);
+        if let Some(shares) = &options.tensor_split {
+            w = w.with_shares(shares)?;
         }
+        Llama::load_stage(&w, config, stage, s)
     };
     let (model, source, tokenizer): (_, Box<dyn TensorSource>, _) = if path.is_dir() {
         let dir = HfDirectory::open(path)?;

@@ -87,19 +87,7 @@ fn weighted_counts(weights: &[u32], layers: usize) -> Result<Vec<usize>> {
             k + 1
         )));
     }
-    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
-    let layers64 = layers as u64;
-    let mut counts: Vec<usize> = weights
-        .iter()
-        .map(|w| (layers64 * u64::from(*w) / total) as usize)
-        .collect();
-    let mut order: Vec<usize> = (0..weights.len()).collect();
-    // Remainders compared as numerators over the common `total`.
-    order.sort_by_key(|&k| std::cmp::Reverse(layers64 * u64::from(weights[k]) % total));
-    let left = layers - counts.iter().sum::<usize>();
-    for &k in order.iter().take(left) {
-        counts[k] += 1;
-    }
+    let mut counts = crate::typed::weighted_lengths(layers, weights);
     // A stage whose share rounds to nothing takes a layer from the
     // largest (there are at least as many layers as stages).
     while let Some(k) = counts.iter().position(|c| *c == 0) {
@@ -109,6 +97,22 @@ fn weighted_counts(weights: &[u32], layers: usize) -> Result<Vec<usize>> {
         counts[k] = 1;
     }
     Ok(counts)
+}
+
+/// Weights such as `3:1`, as given to the option `flag`.
+///
+/// # Errors
+/// A part that is not a whole number, named with the option.
+pub fn parse_weights(flag: &str, text: &str) -> Result<Vec<u32>> {
+    text.split(':')
+        .map(|part| {
+            part.trim().parse::<u32>().map_err(|_| {
+                Error::Setting(format!(
+                    "{flag} {text}: `{part}` is not a whole number; give weights such as 3:1"
+                ))
+            })
+        })
+        .collect()
 }
 
 fn split_text(weights: &[u32]) -> String {
@@ -121,17 +125,7 @@ impl FromStr for LayerSplit {
 
     /// `3:1` (weights, one per stage).
     fn from_str(text: &str) -> Result<Self> {
-        let weights = text
-            .split(':')
-            .map(|part| {
-                part.trim().parse::<u32>().map_err(|_| {
-                    Error::Setting(format!(
-                        "--split {text}: `{part}` is not a whole number; give weights such as 3:1"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<u32>>>()?;
-        Ok(Self::Weighted(weights))
+        Ok(Self::Weighted(parse_weights("--split", text)?))
     }
 }
 

@@ -206,9 +206,9 @@ impl GqaAttention {
         s: &Stream,
     ) -> Result<Self> {
         let comm = w.comm();
-        let split = HeadSplit::new(config.heads, config.kv_heads, comm.rank(), comm.size())?;
-        let heads = (config.heads, config.kv_heads, config.head_dim);
-        let [query, kv] = HeadRows::of(heads, &split, comm.size())?;
+        let all = HeadSplit::of_counts(config.heads, config.kv_heads, &w.lengths(config.heads))?;
+        let split = all[comm.rank()];
+        let [query, kv] = HeadRows::of((config.kv_heads, config.head_dim), &all, comm.rank())?;
         let (hd, d) = (config.head_dim, config.dim);
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
         // Each part's weight and bias tensors, its first row there, and

@@ -21,16 +21,21 @@ pub(super) struct HeadRows {
 }
 
 impl HeadRows {
-    /// The query rows and the KV rows of this rank of `n`, for `heads`
-    /// query and `kv_heads` KV heads of `hd` dimensions.
+    /// The query rows and the KV rows of rank `rank`, every rank's heads
+    /// `all` of `kv_heads` KV heads of `hd` dimensions.
     pub(super) fn of(
-        (heads, kv_heads, hd): (usize, usize, usize),
-        split: &HeadSplit,
-        n: usize,
+        (kv_heads, hd): (usize, usize),
+        all: &[HeadSplit],
+        rank: usize,
     ) -> Result<[Self; 2]> {
         let rows = |(first, count): (usize, usize)| (first * hd, count * hd);
-        let all = HeadSplit::all(heads, kv_heads, n)?;
-        let holders = HeadSplit::kv_holders(&all, kv_heads);
+        let split = all.get(rank).ok_or_else(|| {
+            Error::Shape(format!(
+                "rank {rank} of a head split over {} ranks",
+                all.len()
+            ))
+        })?;
+        let holders = HeadSplit::kv_holders(all, kv_heads);
         let copies = holders.iter().any(|&h| h > 1).then(|| {
             let (first, count) = split.kv;
             let mine = holders[first..first + count].to_vec();

@@ -7,7 +7,7 @@
 //! in [`segments`](HeadSplit::segments) of equal grouping.
 
 use crate::error::{Error, Result};
-use crate::typed::chunk;
+use crate::typed::{chunk, chunk_lengths};
 
 /// The query and KV heads one rank holds, as `(first, count)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,14 +43,35 @@ impl HeadSplit {
         Ok(Self::reading(query, heads / kv_heads))
     }
 
-    /// Every rank's heads, in rank order.
+    /// Every rank's heads, in rank order (the chunk rule).
     ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn all(heads: usize, kv_heads: usize, n: usize) -> Result<Vec<Self>> {
-        (0..n)
-            .map(|rank| Self::new(heads, kv_heads, rank, n))
-            .collect()
+        Self::of_counts(heads, kv_heads, &chunk_lengths(heads, n))
+    }
+
+    /// Every rank's heads when rank `r` takes `counts[r]` query heads in
+    /// rank order (a weighted split, `--tensor-split 3:1`), each with the
+    /// KV heads they read.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), or counts that do not add up to the heads.
+    pub fn of_counts(heads: usize, kv_heads: usize, counts: &[usize]) -> Result<Vec<Self>> {
+        Self::check(heads, kv_heads)?;
+        if counts.iter().sum::<usize>() != heads {
+            return Err(Error::Shape(format!(
+                "query heads split {counts:?} over the ranks: the parts must add up to the {heads} heads"
+            )));
+        }
+        let mut first = 0;
+        Ok(counts
+            .iter()
+            .map(|&count| {
+                first += count;
+                Self::reading((first - count, count), heads / kv_heads)
+            })
+            .collect())
     }
 
     fn check(heads: usize, kv_heads: usize) -> Result<()> {
@@ -165,6 +186,16 @@ mod tests {
         assert_eq!(
             HeadSplit::kv_holders(&HeadSplit::all(9, 3, 4).unwrap(), 3),
             [1, 2, 2]
+        );
+        // Weighted 3:1 (7 + 2): KV heads 0..3 and 2..3.
+        let weighted = HeadSplit::of_counts(9, 3, &[7, 2]).unwrap();
+        assert_eq!(
+            weighted.iter().map(|s| (s.query, s.kv)).collect::<Vec<_>>(),
+            [((0, 7), (0, 3)), ((7, 2), (2, 1))]
+        );
+        assert_eq!(
+            HeadSplit::of_counts(9, 3, &[7, 1]).unwrap_err().to_string(),
+            "query heads split [7, 1] over the ranks: the parts must add up to the 9 heads"
         );
         assert!(HeadSplit::new(9, 2, 0, 1)
             .unwrap_err()

@@ -116,11 +116,8 @@ impl MlaAttention {
     pub fn load(w: &Weights, names: &MlaNames, config: &MlaConfig, s: &Stream) -> Result<Self> {
         let comm = w.comm();
         let c = config;
-        let split = HeadSplit::new(c.heads, c.heads, comm.rank(), comm.size())?;
-        let heads: Vec<usize> = HeadSplit::all(c.heads, c.heads, comm.size())?
-            .iter()
-            .map(|h| h.query.1)
-            .collect();
+        let heads = w.lengths(c.heads);
+        let split = HeadSplit::of_counts(c.heads, c.heads, &heads)?[comm.rank()];
         let rows_of = |per_head: usize| heads.iter().map(|h| h * per_head).collect::<Vec<_>>();
         let qk = c.nope_dim + c.rope_dim;
         let weight = |stem: &str| format!("{stem}.weight");

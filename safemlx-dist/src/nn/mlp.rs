@@ -7,9 +7,7 @@ use super::load_linear::{load_columns, load_row_block, load_rows};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
-use crate::typed::{
-    chunk_lengths, split_part, LinearWeight, Partial, Replicated, Sharded, ShardedArray,
-};
+use crate::typed::{split_part, LinearWeight, Partial, Replicated, Sharded, ShardedArray};
 
 /// Where an MLP's tensors are under its prefix: stems, read as
 /// `{stem}.weight`. Each model family names its own (`models/`).
@@ -94,14 +92,12 @@ impl Mlp {
         })
     }
 
-    /// Every rank's hidden columns: the chunk rule applied to `down`'s
-    /// quantization groups (to elements when it is float).
+    /// Every rank's hidden columns: the chunk rule (or the weights'
+    /// shares, `Weights::with_shares`) applied to `down`'s quantization
+    /// groups (to elements when it is float).
     fn hidden_split(w: &Weights, down: &str, hidden: usize) -> Vec<usize> {
         let unit = w.quantization(down).map_or(1, |(group_size, _)| group_size);
-        chunk_lengths(hidden / unit, w.comm().size())
-            .iter()
-            .map(|c| c * unit)
-            .collect()
+        w.lengths(hidden / unit).iter().map(|c| c * unit).collect()
     }
 
     /// This rank's part of full float weights `gate`, `up` `[H, D]` and

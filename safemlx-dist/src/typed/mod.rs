@@ -30,7 +30,8 @@ pub use ops::{
     MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,
 };
 pub use placement::{
-    chunk, chunk_lengths, split_part, Nonlinear, Partial, Placement, Ragged, Replicated, Sharded,
+    chunk, chunk_lengths, split_part, weighted_lengths, Nonlinear, Partial, Placement, Ragged,
+    Replicated, Sharded,
 };
 pub(crate) use quantized::quantized_part;
 pub use quantized::{checkpoint_tensors, QuantizedArray, QuantizedMatmulRule, QuantizedPlacement};

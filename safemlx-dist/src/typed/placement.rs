@@ -118,6 +118,35 @@ pub fn chunk_lengths(dim: usize, size: usize) -> Vec<usize> {
     (0..size).map(|r| chunk(dim, r, size).1).collect()
 }
 
+/// Every rank's length of a dimension of `dim` elements divided in
+/// proportion to `weights` (one per rank): the floors of the exact
+/// shares, then one more for the largest remainders (earlier ranks on
+/// ties). A small weight may get nothing.
+///
+/// ```
+/// use safemlx_dist::typed::weighted_lengths;
+///
+/// assert_eq!(weighted_lengths(9, &[3, 1]), [7, 2]);
+/// assert_eq!(weighted_lengths(10, &[1, 1, 1]), [4, 3, 3]);
+/// ```
+pub fn weighted_lengths(dim: usize, weights: &[u32]) -> Vec<usize> {
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum::<u64>().max(1);
+    let dim64 = dim as u64;
+    let mut lengths: Vec<usize> = weights
+        .iter()
+        .map(|w| (dim64 * u64::from(*w) / total) as usize)
+        .collect();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    // Remainders compared as numerators over the common `total` (a stable
+    // sort keeps earlier ranks first on ties).
+    order.sort_by_key(|&k| std::cmp::Reverse(dim64 * u64::from(weights[k]) % total));
+    let left = dim.saturating_sub(lengths.iter().sum::<usize>());
+    for &k in order.iter().take(left) {
+        lengths[k] += 1;
+    }
+    lengths
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
