@@ -96,10 +96,10 @@ pub fn load_rows(
 
 /// Rows `first..first + count` of the `[out, in]` tensor `name` of shape
 /// `shape` as this rank's part of a `Sharded<0>` weight whose ranks hold
-/// `split` rows each, where blocks may repeat: with more ranks than KV
-/// heads, the ranks sharing a head each hold its rows (a weight of
+/// `split` rows each, where blocks may repeat: a KV head read by query
+/// heads of several ranks is held by each of them (a weight of
 /// `split.iter().sum()` rows, each copy a block; see
-/// [`LinearWeight::copy_of`]).
+/// [`LinearWeight::blocks_of`]).
 ///
 /// # Errors
 /// Another shape, rows past its end, a `count` that is not this rank's
