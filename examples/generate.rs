@@ -21,8 +21,8 @@
 //! `--prefill-chunk` tokens; without it every rank holds a slice of every
 //! layer (tensor parallel). `--tensor-split 3:1` gives the tensor-parallel
 //! ranks (of each stage) attention heads and hidden columns in proportion
-//! to the weights instead of evenly (the vocabulary and the experts stay
-//! even). Rank 0 streams the text; every rank prints the
+//! to the weights instead of evenly, and experts (or, with every expert
+//! sliced, their hidden columns) too; the vocabulary stays even. Rank 0 streams the text; every rank prints the
 //! bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0, or of a pipeline's last rank, without peers), compares the prompt's logits (maximum relative
@@ -380,6 +380,10 @@ fn report(
         .mlp_hidden()
         .map(|(first, count)| format!(", MLP columns {first}..{}", first + count))
         .unwrap_or_default();
+    let experts = model
+        .held_experts()
+        .map(|(first, count)| format!(", experts {first}..{}", first + count))
+        .unwrap_or_default();
     let (per_token, per_head) = (
         model.cache_bytes_per_token(),
         model.per_head_cache_bytes_per_token(),
@@ -399,7 +403,7 @@ fn report(
         )
     };
     println!(
-        "rank {rank}/{n}: {layers}{heads}{hidden}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
+        "rank {rank}/{n}: {layers}{heads}{hidden}{experts}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
         mib(loaded.weights.bytes_read()),
         mib(model.weight_bytes() as u64),
         if model.is_quantized() {

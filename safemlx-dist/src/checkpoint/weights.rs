@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::runtime::Group;
 use crate::typed::weights::{shard_ranges, sharded_axis};
 use crate::typed::{
-    chunk, quantized_part, Collective, Placement, QuantizedArray, QuantizedPlacement, ShardedArray,
+    quantized_part, Collective, Placement, QuantizedArray, QuantizedPlacement, ShardedArray,
 };
 
 /// A tensor source seen from one rank of `C`, under a name prefix.
@@ -76,10 +76,12 @@ impl<'a, C: Collective> Weights<'a, C> {
         }
     }
 
-    /// The same weights, the ranks taking attention heads and hidden
-    /// columns in proportion to `shares` (one positive weight per rank of
-    /// the group, `--tensor-split 3:1`) instead of by the chunk rule. The
-    /// vocabulary and the experts keep the chunk rule.
+    /// The same weights, the ranks taking attention heads, hidden columns
+    /// and experts (or, with every expert sliced, their hidden columns) in
+    /// proportion to `shares` (one positive weight per rank of the group,
+    /// `--tensor-split 3:1`) instead of by the chunk rule. The vocabulary
+    /// keeps the chunk rule, and so do layers loaded through
+    /// `#[sharded]`'s `load_fields`.
     ///
     /// # Errors
     /// Another number of weights than ranks, or a zero weight, named with
@@ -104,7 +106,8 @@ impl<'a, C: Collective> Weights<'a, C> {
         Ok(self)
     }
 
-    /// Every rank's length of a dimension of `len` heads or columns: in
+    /// Every rank's length of a dimension of `len` heads, columns or
+    /// experts: in
     /// proportion to the shares when given, else by the chunk rule.
     pub fn lengths(&self, len: usize) -> Vec<usize> {
         match &self.shares {
@@ -442,8 +445,9 @@ impl<'a, C: Collective> Weights<'a, C> {
         QuantizedArray::from_local(local, &self.comm, global)
     }
 
-    /// This rank's chunk of `len` by the chunk rule: `(first, count)`.
+    /// This rank's part of `len` experts, heads or columns: `(first,
+    /// count)` of [`lengths`](Self::lengths).
     pub fn chunk(&self, len: usize) -> (usize, usize) {
-        chunk(len, self.comm.rank(), self.comm.size())
+        crate::typed::split_part(&self.lengths(len), self.comm.rank())
     }
 }

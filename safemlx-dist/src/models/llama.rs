@@ -296,6 +296,15 @@ impl Llama {
         })
     }
 
+    /// The experts this rank holds of the first MoE layer (every MoE
+    /// layer splits alike; see [`Moe::held_experts`]); `None` without one.
+    pub fn held_experts(&self) -> Option<(usize, usize)> {
+        self.layers.iter().find_map(|l| match &l.mlp {
+            FeedForward::Moe(m) => Some(m.held_experts()),
+            FeedForward::Dense(_) => None,
+        })
+    }
+
     /// An empty KV cache for this rank's heads: sliding-window layers keep
     /// only their window.
     pub fn new_cache(&self) -> KvCache {

@@ -254,21 +254,32 @@ impl Moe {
                 stack(down, [width, d])?,
             )
         };
-        let experts_part = match (config.placement, stacked) {
-            (ExpertPlacement::ExpertParallel, _) => Experts::Parallel(ExpertWeights {
-                gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-                up: ShardedArray::from_local(up, group, &[e, d, h])?,
-                down: ShardedArray::from_local(down, group, &[e, h, d])?,
-            }),
-            // Read whole: sliced here.
-            (ExpertPlacement::ExpertTensorParallel, true) => {
-                Experts::TensorParallel(ExpertSlices::from_full(group, gate, up, down, s)?)
+        // Each rank's experts, or hidden columns of every expert, as `w`
+        // divides them (the chunk rule, or in proportion to its shares).
+        let experts_part = match config.placement {
+            ExpertPlacement::ExpertParallel => {
+                let split = w.lengths(experts);
+                let part = |a: Array, global: [i32; 3]| {
+                    ShardedArray::from_local_split(a, group, &global, &split)
+                };
+                Experts::Parallel(ExpertWeights {
+                    gate: part(gate, [e, d, h])?,
+                    up: part(up, [e, d, h])?,
+                    down: part(down, [e, h, d])?,
+                })
             }
-            (ExpertPlacement::ExpertTensorParallel, false) => {
+            ExpertPlacement::ExpertTensorParallel => {
+                let split = w.lengths(hidden);
+                // Read whole when stacked: this rank's columns cut here.
+                let (first, count) = w.chunk(hidden);
+                let cut = |a: Array, axis: usize| match stacked {
+                    true => crate::runtime::slice_axis(&a, axis, first, count, s),
+                    false => Ok(a),
+                };
                 Experts::TensorParallel(ExpertSlices {
-                    gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-                    up: ShardedArray::from_local(up, group, &[e, d, h])?,
-                    down: ShardedArray::from_local(down, group, &[e, h, d])?,
+                    gate: ShardedArray::from_local_split(cut(gate, 2)?, group, &[e, d, h], &split)?,
+                    up: ShardedArray::from_local_split(cut(up, 2)?, group, &[e, d, h], &split)?,
+                    down: ShardedArray::from_local_split(cut(down, 1)?, group, &[e, h, d], &split)?,
                 })
             }
         };

@@ -10,7 +10,7 @@ use super::routing::{arange, int_array, silu, take_rows, Routing};
 use super::{Moe, MoeOutput};
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::typed::{chunk, partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
+use crate::typed::{partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
 
 impl Moe {
     /// The hidden values of the gate and up projections' outputs, by the
@@ -193,7 +193,7 @@ impl Moe {
         // Dispatch: the kept slots, by expert, so by destination rank. The
         // counts per expert go to every rank (one all_gather of E counts),
         // so each rank knows how the rows it receives split by expert.
-        let owners: Vec<(usize, usize)> = (0..n).map(|r| chunk(e, r, n)).collect();
+        let owners = self.experts.owners(e, n);
         // The counts travel with the statistics: one all_gather, one read.
         let gathered = crate::runtime::all_gather(&routing.summary, &comm, s)?;
         let (matrix, totals) = self.read_summaries(&gathered, n, s)?;
@@ -264,7 +264,7 @@ impl Moe {
         // expert), their experts as indices into the local tensors.
         let (first, experts, adds_bias) = match self.experts.placement() {
             ExpertPlacement::ExpertParallel => {
-                let (first, count) = chunk(self.num_experts, rank, n);
+                let (first, count) = self.experts.owners(self.num_experts, n)[rank];
                 (first, first..first + count, true)
             }
             ExpertPlacement::ExpertTensorParallel => (0, 0..self.num_experts, rank == 0),

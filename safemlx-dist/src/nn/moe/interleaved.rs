@@ -24,7 +24,7 @@ use super::{BiasPair, ExpertBiases, ExpertSlices, ExpertWeights, Experts, Hidden
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::typed::{chunk, ShardedArray};
+use crate::typed::ShardedArray;
 
 /// Where an interleaved MoE block's tensors are under its prefix (see the
 /// module docs).
@@ -157,14 +157,14 @@ fn keep_mxfp4(
     Ok(())
 }
 
-/// Each of `n` ranks' share of the hidden dimension under expert tensor
-/// parallelism: the chunk rule, or whole blocks of 32 by the chunk rule
-/// over the blocks (experts kept in MXFP4: 2880 over 4 ranks is 736 +
-/// 736 + 704 + 704).
-fn hidden_split(hidden: usize, n: usize, blocks: bool) -> Vec<usize> {
+/// Each rank's share of the hidden dimension under expert tensor
+/// parallelism, as `w` divides it (the chunk rule, or in proportion to its
+/// shares): of the elements, or whole blocks of 32 (experts kept in MXFP4:
+/// 2880 over 4 ranks is 736 + 736 + 704 + 704).
+fn hidden_split(w: &Weights, hidden: usize, blocks: bool) -> Vec<usize> {
     match blocks {
-        true => (0..n).map(|r| 32 * chunk(hidden / 32, r, n).1).collect(),
-        false => (0..n).map(|r| chunk(hidden, r, n).1).collect(),
+        true => w.lengths(hidden / 32).iter().map(|b| 32 * b).collect(),
+        false => w.lengths(hidden),
     }
 }
 
@@ -212,7 +212,7 @@ impl Moe {
         let mxfp4 = w
             .contains(&format!("{}_blocks", names.gate_up))
             .then(|| keep_mxfp4(config.placement, hidden, n, s));
-        let split = hidden_split(hidden, n, matches!(mxfp4, Some(Ok(()))));
+        let split = hidden_split(w, hidden, matches!(mxfp4, Some(Ok(()))));
         // Expert parallel: this rank's experts. Expert tensor parallel:
         // its hidden slice of every expert, whose gate and up rows are
         // the contiguous rows 2a..2c of the interleaved matrix.
@@ -239,10 +239,11 @@ impl Moe {
         let gate_up_bias = w.along((&name, false), &[experts, 2 * hidden], axis, &[range], s)?;
         let (gate_bias, up_bias) = deinterleave(&gate_up_bias.as_dtype(Dtype::Float32, s)?, s)?;
         let down_bias = w.full(&format!("{}_bias", names.down), &[experts, dim], s)?;
+        let by_expert = w.lengths(experts);
         let hidden_biases = match config.placement {
             ExpertPlacement::ExpertParallel => HiddenBiases::Parallel(BiasPair {
-                gate: ShardedArray::from_local(gate_bias, group, &[e, h])?,
-                up: ShardedArray::from_local(up_bias, group, &[e, h])?,
+                gate: ShardedArray::from_local_split(gate_bias, group, &[e, h], &by_expert)?,
+                up: ShardedArray::from_local_split(up_bias, group, &[e, h], &by_expert)?,
             }),
             ExpertPlacement::ExpertTensorParallel => HiddenBiases::TensorParallel(BiasPair {
                 gate: ShardedArray::from_local_split(gate_bias, group, &[e, h], &split)?,
@@ -301,11 +302,14 @@ fn read_float(
     let down = read_matrix(w, names.down, (experts, dim, hidden), down_cut, s)?;
     let down = down.swap_axes(1, 2, s)?;
     Ok(match placement {
-        ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights {
-            gate: ShardedArray::from_local(gate, group, &[e, d, h])?,
-            up: ShardedArray::from_local(up, group, &[e, d, h])?,
-            down: ShardedArray::from_local(down, group, &[e, h, d])?,
-        }),
+        ExpertPlacement::ExpertParallel => {
+            let by_expert = w.lengths(experts);
+            Experts::Parallel(ExpertWeights {
+                gate: ShardedArray::from_local_split(gate, group, &[e, d, h], &by_expert)?,
+                up: ShardedArray::from_local_split(up, group, &[e, d, h], &by_expert)?,
+                down: ShardedArray::from_local_split(down, group, &[e, h, d], &by_expert)?,
+            })
+        }
         ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(ExpertSlices {
             gate: ShardedArray::from_local_split(gate, group, &[e, d, h], split)?,
             up: ShardedArray::from_local_split(up, group, &[e, d, h], split)?,
@@ -330,10 +334,14 @@ fn read_mxfp4(
     let ((gate_p, up_p), (gate_s, up_s)) = (deinterleave(&packed, s)?, deinterleave(&scales, s)?);
     let (down_p, down_s) = read_packed(w, names.down, (experts, dim, hidden), down_cut, s)?;
     if let Cut::Experts(_) = down_cut {
+        let by_expert = w.lengths(experts);
         let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<Mxfp4<_>> {
+            let part = |a: Array, global: [i32; 3]| {
+                ShardedArray::from_local_split(a, group, &global, &by_expert)
+            };
             Ok(Mxfp4 {
-                packed: ShardedArray::from_local(packed, group, &[e, rows, columns / 8])?,
-                scales: ShardedArray::from_local(scales, group, &[e, rows, columns / 32])?,
+                packed: part(packed, [e, rows, columns / 8])?,
+                scales: part(scales, [e, rows, columns / 32])?,
             })
         };
         return Ok(Mxfp4Experts::Parallel([

@@ -60,6 +60,28 @@ impl Experts {
         }
     }
 
+    /// Under expert parallelism, every rank's experts `(first, count)` in
+    /// rank order, as the arrays hold them (the chunk rule, or a weighted
+    /// split); under expert tensor parallelism every rank holds all.
+    fn owners(&self, experts: usize, n: usize) -> Vec<(usize, usize)> {
+        let lengths = match self {
+            Self::Parallel(w) => w.gate.axis_lengths(0),
+            Self::Mxfp4(m) => match m.as_ref() {
+                Mxfp4Experts::Parallel([g, ..]) => g.packed.axis_lengths(0),
+                Mxfp4Experts::TensorParallel(..) => return vec![(0, experts); n],
+            },
+            Self::TensorParallel(_) => return vec![(0, experts); n],
+        };
+        let mut first = 0;
+        lengths
+            .iter()
+            .map(|&count| {
+                first += count;
+                (first - count, count)
+            })
+            .collect()
+    }
+
     /// The three matrices as the forward multiplies them.
     fn matrices(&self) -> ExpertMatrices<'_> {
         match self {
@@ -175,6 +197,15 @@ pub struct Moe {
 }
 
 impl Moe {
+    /// The experts this rank holds, `(first, count)`: its own under expert
+    /// parallelism, every one (a slice of each) under expert tensor
+    /// parallelism.
+    pub fn held_experts(&self) -> (usize, usize) {
+        let comm = self.router.comm();
+        let owners = self.experts.owners(self.num_experts, comm.size());
+        owners.get(comm.rank()).copied().unwrap_or((0, 0))
+    }
+
     /// With shared experts beside the routed ones.
     pub fn with_shared(mut self, shared: SharedExperts) -> Self {
         self.shared = Some(Box::new(shared));
