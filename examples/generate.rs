@@ -35,8 +35,8 @@ use std::time::Instant;
 
 use safemlx_dist::generate::{generate, generate_stages, Generated, Sampler};
 use safemlx_dist::models::{
-    available_memory, load_stage, load_with, split_by_memory, LayerSplit, LoadOptions, Loaded,
-    Storage,
+    available_memory, load_stage, load_with, memory_reports, split_by_memory, LayerSplit,
+    LoadOptions, Loaded, Storage,
 };
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::typed::{MeshSpec, StageLink};
@@ -101,9 +101,10 @@ struct Args {
     /// overrides what a rank reports) [default: even]
     #[arg(long, value_name = "W1:W2:..|memory")]
     split: Option<Split>,
-    /// Attention heads and hidden columns per tensor-parallel rank (of each
-    /// stage) in proportion to these weights, one per rank [default: even]
-    #[arg(long, value_name = "W1:W2:..")]
+    /// Attention heads, hidden columns and experts per tensor-parallel rank
+    /// (of each stage) in proportion to these weights, one per rank, or to
+    /// each rank's free memory (`memory`) [default: even]
+    #[arg(long, value_name = "W1:W2:..|memory")]
     tensor_split: Option<TensorSplit>,
     /// Prompt tokens per chunk of a pipelined prefill
     #[arg(long, default_value_t = 64, value_name = "C")]
@@ -137,6 +138,7 @@ struct Options {
     load: LoadOptions,
     mesh: MeshSpec,
     split: Option<Split>,
+    tensor_split: Option<TensorSplit>,
     prefill_chunk: usize,
     check: bool,
     backend: Backend,
@@ -172,8 +174,9 @@ fn options() -> Result<Options, String> {
                 Experts::Parallel => ExpertPlacement::ExpertParallel,
                 Experts::TensorParallel => ExpertPlacement::ExpertTensorParallel,
             },
-            tensor_split: args.tensor_split.map(|t| t.0),
+            tensor_split: None,
         },
+        tensor_split: args.tensor_split,
         mesh: args.mesh.unwrap_or_default(),
         split: args.split,
         prefill_chunk: args.prefill_chunk,
@@ -222,10 +225,6 @@ fn run() -> Result<(), String> {
         o.mesh.resolve(n)
     };
     let axes = axes.map_err(err)?;
-    let mut load = o.load.clone();
-    if reference.is_some() {
-        load.tensor_split = None;
-    }
     let started = Instant::now();
     let (loaded, link) = if axes.pp > 1 {
         let split = match o.split.clone() {
@@ -252,9 +251,15 @@ fn run() -> Result<(), String> {
         let mesh = DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
         let link = StageLink::new(&mesh).map_err(err)?;
         let (tensor, stage) = (mesh.axis("tp").map_err(err)?, link.stage());
+        let load = tensor_load(&o, (tensor, rank), &s)?;
         let loaded = load_stage(tensor, &o.model, load, &split, stage, &s).map_err(err)?;
         (loaded, Some(link))
     } else {
+        // The reference is one process: no tensor split.
+        let load = match reference {
+            Some(_) => o.load.clone(),
+            None => tensor_load(&o, (&group, rank), &s)?,
+        };
         (load_with(&group, &o.model, load, &s).map_err(err)?, None)
     };
     let load_seconds = started.elapsed().as_secs_f64();
@@ -332,16 +337,49 @@ enum Split {
     Memory,
 }
 
-/// `--tensor-split`: one weight per tensor-parallel rank.
+/// `--tensor-split`: one weight per tensor-parallel rank, or each rank's
+/// memory (`world_rank`'s entry of SAFEMLX_DIST_MEMORY when set).
 #[derive(Clone)]
-struct TensorSplit(Vec<u32>);
+enum TensorSplit {
+    Weights(Vec<u32>),
+    Memory,
+}
 
 impl std::str::FromStr for TensorSplit {
     type Err = safemlx_dist::Error;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        safemlx_dist::models::parse_weights("--tensor-split", text).map(Self)
+        match text.trim() {
+            "memory" => Ok(Self::Memory),
+            weights => {
+                safemlx_dist::models::parse_weights("--tensor-split", weights).map(Self::Weights)
+            }
+        }
     }
+}
+
+/// The load options with `--tensor-split`'s weights over `tensor` (a
+/// stage's ranks, or every rank): as given, or each rank's memory (one
+/// `all_gather` over `tensor`), printed by its first rank.
+fn tensor_load(
+    o: &Options,
+    (tensor, world_rank): (&safemlx_dist::Group, usize),
+    s: &safemlx::Stream,
+) -> Result<LoadOptions, String> {
+    let mut load = o.load.clone();
+    load.tensor_split = match &o.tensor_split {
+        None => None,
+        Some(TensorSplit::Weights(w)) => Some(w.clone()),
+        Some(TensorSplit::Memory) => {
+            let mine = available_memory(world_rank).map_err(err)?;
+            let reports = memory_reports(tensor, mine, s).map_err(err)?;
+            if tensor.rank() == 0 {
+                println!("--tensor-split memory: rank {world_rank}'s tensor group offers {reports:?} MiB");
+            }
+            Some(reports)
+        }
+    };
+    Ok(load)
 }
 
 impl std::str::FromStr for Split {

@@ -183,3 +183,33 @@ fn splits_with_the_wrong_parts_are_refused() {
         })
         .unwrap_or_else(|e| panic!("2 ring ranks: {e}"));
 }
+
+/// `generate --tensor-split memory` on a launch whose ranks report 3 and 1
+/// GiB (`SAFEMLX_DIST_MEMORY`): DeepSeek-V3's 4 heads go 3 + 1, its 8
+/// experts 6 + 2, and the tokens and logits equal one process's.
+#[test]
+fn generate_splits_tensors_by_the_memory_each_rank_offers() {
+    use safemlx_dist::models::MEMORY_ENV;
+    use safemlx_dist_tests::built;
+    let out = std::process::Command::new(built("safemlx-launch"))
+        .env(MEMORY_ENV, "3GiB,1GiB")
+        .args(["-n", "2", "--timeout", "120", "--"])
+        .arg(built("examples/generate"))
+        .arg("--model")
+        .arg(golden_dir("moe/deepseek-v3"))
+        .args(["--prompt", "Hello experts", "--max-tokens", "4"])
+        .args(["--tensor-split", "memory", "--check"])
+        .output()
+        .expect("safemlx-launch runs");
+    let all = safemlx_dist_tests::output_text(&out);
+    assert!(out.status.success(), "{all}");
+    for line in [
+        "--tensor-split memory: rank 0's tensor group offers [3072, 1024] MiB",
+        "rank 0/2: query heads 0..3, KV heads 0..3, MLP columns 0..48, experts 0..6;",
+        "rank 1/2: query heads 3..4, KV heads 3..4, MLP columns 48..64, experts 6..8;",
+        "rank 0/2: --check against one process",
+        "greedy tokens agree",
+    ] {
+        assert!(all.contains(line), "no `{line}`:\n{all}");
+    }
+}

@@ -37,7 +37,9 @@ use safemlx::Stream;
 
 pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
 pub use llama::{Llama, StageInput};
-pub use stage_memory::{available_memory, parse_memory, split_by_memory, MEMORY_ENV};
+pub use stage_memory::{
+    available_memory, memory_reports, parse_memory, split_by_memory, MEMORY_ENV,
+};
 pub use stages::{parse_weights, LayerSplit, Stage};
 
 use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};

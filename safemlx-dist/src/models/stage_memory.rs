@@ -95,6 +95,22 @@ pub fn parse_memory(text: &str, rank: usize) -> Result<u64> {
         })
 }
 
+/// Every rank of `group`'s memory in MiB (at least 1), in rank order:
+/// each rank reports `mine` bytes, one `all_gather`. As weights, they
+/// split a stage's heads, columns and experts by each rank's memory
+/// (`generate --tensor-split memory`; see `Weights::with_shares`).
+///
+/// # Errors
+/// A collective's error.
+pub fn memory_reports(group: &Group, mine: u64, s: &Stream) -> Result<Vec<u32>> {
+    let mib = i32::try_from((mine >> 20).max(1)).unwrap_or(i32::MAX);
+    let all = runtime::all_gather(&Array::from_slice(&[mib], &[1]), group, s)?;
+    Ok(runtime::read_back::<i32>(&all, "memory reports")?
+        .into_iter()
+        .map(|m| u32::try_from(m.max(1)).unwrap_or(1))
+        .collect())
+}
+
 /// The split of `world`'s ranks into stages of `tp` consecutive ranks, in
 /// proportion to each stage's memory: every rank reports `mine` bytes (one
 /// `all_gather` over `world`), and a stage weighs its least memory times
@@ -115,12 +131,7 @@ pub fn split_by_memory(
             "stages of {tp} ranks do not divide a run of {n}"
         )));
     }
-    let mib = i32::try_from((mine >> 20).max(1)).unwrap_or(i32::MAX);
-    let all = runtime::all_gather(&Array::from_slice(&[mib], &[1]), world, s)?;
-    let reports: Vec<u32> = runtime::read_back::<i32>(&all, "memory reports")?
-        .into_iter()
-        .map(|m| u32::try_from(m.max(1)).unwrap_or(1))
-        .collect();
+    let reports = memory_reports(world, mine, s)?;
     let weights = reports
         .chunks(tp)
         .map(|stage| {
