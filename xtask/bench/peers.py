@@ -33,6 +33,12 @@
                                  64, 4 KV heads, windows of 128 on every
                                  second layer, sinks, biases, 32 MXFP4
                                  experts of 512, top-4)
+    peers.py make-glm DIR TOKENIZER_DIR
+                                 a random GLM-4-MoE-shaped model (D 1024,
+                                 8 layers, 16 heads of 64, 4 KV heads, half
+                                 of each head rotated, q/k norms and biases,
+                                 32 experts of 512 in 4 groups, top-4, 1
+                                 shared expert, layer 0 dense)
     peers.py moe-peer DIR OUT PROMPT DECODE THREADS [REPEATS]
                                  mlx-lm on DIR, as `run` does (REPEATS timed
                                  runs after a warm-up, 3 by default)
@@ -257,6 +263,57 @@ def make_deepseek(out, tokenizer_dir):
     write_model(out, t, config, tokenizer_dir)
 
 
+def make_glm(out, tokenizer_dir):
+    """A random GLM-4-MoE-shaped model (GLM-4.5's layout, scaled down):
+    partial rotary embedding, q/k norms and biases, grouped sigmoid routing
+    with a correction bias, a shared expert, a dense first layer."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    d, heads, kv, hd, e, h, dense, v, layers = 1024, 16, 4, 64, 32, 512, 2048, 320, 8
+    config = {"model_type": "glm4_moe", "vocab_size": v, "hidden_size": d,
+              "intermediate_size": dense, "moe_intermediate_size": h,
+              "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "head_dim": hd, "partial_rotary_factor": 0.5,
+              "n_routed_experts": e, "num_experts_per_tok": 4, "n_group": 4,
+              "topk_group": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+              "routed_scaling_factor": 2.5, "norm_topk_prob": True, "use_qk_norm": True,
+              "attention_bias": True, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+              "max_position_embeddings": 4096, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    rng = np.random.default_rng(3)
+
+    def w(*shape, scale=0.03):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1.0 + w(d),
+         "lm_head.weight": w(v, d)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+        for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+            t[a + name + ".weight"] = w(rows, d)
+            t[a + name + ".bias"] = w(rows)
+        t[a + "o_proj.weight"] = w(d, heads * hd)
+        t[a + "q_norm.weight"] = 1.0 + w(hd)
+        t[a + "k_norm.weight"] = 1.0 + w(hd)
+        m = p + "mlp."
+        if i == 0:
+            for name, shape in [("gate_proj", (dense, d)), ("up_proj", (dense, d)),
+                                ("down_proj", (d, dense))]:
+                t[m + name + ".weight"] = w(*shape)
+            continue
+        t[m + "gate.weight"] = w(e, d, scale=0.5)
+        t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
+        for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)), ("down_proj", (d, h))]:
+            t[m + "shared_experts." + name + ".weight"] = w(*shape)
+            for x in range(e):
+                t[m + f"experts.{x}.{name}.weight"] = w(*shape)
+    write_model(out, t, config, tokenizer_dir)
+
+
 def make_gpt_oss(out, tokenizer_dir):
     """A random gpt-oss-shaped model as OpenAI ships one: MXFP4 experts
     (quantized by MLX), biases, sinks, sliding and full layers."""
@@ -438,6 +495,8 @@ def main():
         return make_deepseek(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "make-gpt-oss":
         return make_gpt_oss(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make-glm":
+        return make_glm(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "moe-peer":
         return moe_peer(*sys.argv[2:8])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]

@@ -10,8 +10,10 @@
 //! 2 and 4 ranks on ring and MPI in both placements, with the latent
 //! cache's bytes per token beside a per-head cache's; then the same rows
 //! for a random gpt-oss-shaped model (MXFP4 experts kept as stored on
-//! both sides, sinks, windows). `cargo xtask bench moe deepseek` or
-//! `... moe gpt-oss` runs only that model's rows. JSON lines in
+//! both sides, sinks, windows) and a random GLM-4-MoE-shaped one (partial
+//! rotary embedding, q/k norms, grouped routing). `cargo xtask bench moe
+//! deepseek`, `... moe gpt-oss` or `... moe glm` runs only that model's
+//! rows. JSON lines in
 //! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
 //! `"impl"`), then a table and the targets' ratios.
 
@@ -56,7 +58,7 @@ struct Shaped {
     tokenizer: &'static str,
 }
 
-const SHAPED: [Shaped; 2] = [
+const SHAPED: [Shaped; 3] = [
     Shaped {
         dir: "deepseek-v3-small-random",
         name: "deepseek",
@@ -69,14 +71,20 @@ const SHAPED: [Shaped; 2] = [
         make: "make-gpt-oss",
         tokenizer: "tests/golden/moe/gpt-oss",
     },
+    Shaped {
+        dir: "glm4-moe-small-random",
+        name: "glm",
+        make: "make-glm",
+        tokenizer: "tests/golden/moe/glm4-moe",
+    },
 ];
 
-/// `only`: `deepseek` or `gpt-oss` runs that model's rows alone.
+/// `only`: `deepseek`, `gpt-oss` or `glm` runs that model's rows alone.
 pub fn run(only: Option<&str>) -> Result<(), String> {
     if let Some(name) = only {
         let Some(shaped) = SHAPED.iter().find(|m| m.name == name) else {
             return Err(format!(
-                "bench moe takes no argument, `deepseek` or `gpt-oss`; got {name:?}"
+                "bench moe takes no argument, `deepseek`, `gpt-oss` or `glm`; got {name:?}"
             ));
         };
         let (release, out) = prepare(&format!("moe-{name}.jsonl"))?;
