@@ -179,6 +179,42 @@ impl Parameter {
     }
 }
 
+/// A model part that is not trained: it lists no parameters, and a
+/// model's gradients and updates leave it as it is. MXFP4 experts that a
+/// layout cannot keep quantized (and so dequantizes at load) are held so:
+/// as frozen as the stored ones, whatever the rank count.
+#[derive(Debug)]
+pub struct Frozen<T>(std::sync::Arc<T>);
+
+impl<T> Frozen<T> {
+    /// `part`, frozen.
+    pub fn new(part: T) -> Self {
+        Self(std::sync::Arc::new(part))
+    }
+
+    /// The part.
+    pub fn get(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Clone for Frozen<T> {
+    fn clone(&self) -> Self {
+        Self(std::sync::Arc::clone(&self.0))
+    }
+}
+
+impl<T> Parameters for Frozen<T> {
+    fn parameters(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        check_count(0, locals.len())?;
+        Ok(self.clone())
+    }
+}
+
 /// A model whose trainable arrays can be listed and replaced: what
 /// [`value_and_grad_of`] differentiates and an optimizer updates.
 /// `#[sharded]` structs implement it (fields in declaration order); tuples

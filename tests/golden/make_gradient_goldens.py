@@ -13,9 +13,12 @@ and compares both numbers.
 Run once, commit the output; CI needs no Python (same venv as
 make_llama_goldens.py):
 
-    /tmp/golden/bin/python tests/golden/make_gradient_goldens.py
+    /tmp/golden/bin/python tests/golden/make_gradient_goldens.py [CASE ...]
+
+With case names (directory names), only those are written.
 """
 
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -30,11 +33,21 @@ MOE_ROOT = Path(__file__).parent / "moe"
 PROMPT = [1, 5, 17, 33, 2, 60, 66, 12, 40]
 CASES = [ROOT / c for c in ["llama-tied-kv3", "qwen2-bias", "qwen3-qknorm", "llama3-kv1-sharded"]]
 CASES += [MOE_ROOT / c for c in ["mixtral", "qwen3-moe", "qwen2-moe"]]
+# The families of make_moe_goldens.py's second half: latent attention and
+# grouped routing; partial rotary embedding and q/k norms; sinks, biases
+# and a biased router (its MXFP4 experts frozen on both sides, their biases
+# trained).
+CASES += [MOE_ROOT / c for c in ["deepseek-v3", "glm4-moe", "gpt-oss"]]
 
 
 def main():
+    only = set(sys.argv[1:])
     for case in CASES:
-        model, _ = load_model(case)
+        if only and case.name not in only:
+            continue
+        # mlx-lm keeps a tiny DeepSeek's multi-token-prediction tensors
+        # (it drops only layer 61's) and refuses them strictly: not strict.
+        model, _ = load_model(case, strict=case.name != "deepseek-v3")
         tokens = mx.array([PROMPT])
         vocab = model.args.vocab_size
         index = mx.arange(len(PROMPT) * vocab).reshape(len(PROMPT), vocab)

@@ -32,8 +32,8 @@ pub fn model_loss_and_norm(model: &Llama, group: &Group, s: &Stream) -> (f32, f3
 }
 
 /// The loss and the gradient norm equal mlx-lm's (relative error at most
-/// 1e-4) from `dir`'s `gradients.safetensors`, and one AdamW step lowers
-/// the loss.
+/// 1e-4 and 5e-6) from `dir`'s `gradients.safetensors`, and one AdamW step
+/// lowers the loss.
 pub fn check_against_golden(
     model: &Llama,
     dir: &std::path::Path,
@@ -50,8 +50,11 @@ pub fn check_against_golden(
         "{what}: loss {loss} vs mlx-lm {}",
         want("loss")
     );
+    // Tighter than the loss: the small parameters' gradients (gpt-oss's
+    // sinks, about 2e-5 of the norm, its expert biases) must show. The
+    // goldens are met within 2.3e-6 at 1 to 4 ranks.
     assert!(
-        relative(norm, want("grad_norm")) <= 1e-4,
+        relative(norm, want("grad_norm")) <= 5e-6,
         "{what}: gradient norm {norm} vs mlx-lm {}",
         want("grad_norm")
     );

@@ -434,7 +434,18 @@ fn check_models(group: &Group) {
 /// The MoE models (Mixtral's gating; Qwen3-MoE renormalised with a dense
 /// layer; Qwen2-MoE with a gated shared expert), experts split across
 /// ranks and sliced.
-const MOE_CASES: [&str; 3] = ["mixtral", "qwen3-moe", "qwen2-moe"];
+/// Then DeepSeek-V3 (latent attention, grouped sigmoid routing, a shared
+/// expert), GLM-4-MoE (partial rotary embedding, q/k norms, biases) and
+/// gpt-oss (sinks, q/k/v/o biases, a biased router, expert biases; its
+/// MXFP4 experts frozen, as mlx-lm freezes quantized layers).
+const MOE_CASES: [&str; 6] = [
+    "mixtral",
+    "qwen3-moe",
+    "qwen2-moe",
+    "deepseek-v3",
+    "glm4-moe",
+    "gpt-oss",
+];
 
 fn check_moe_models(group: &Group) {
     let s = cpu();

@@ -259,7 +259,16 @@ impl Moe {
                 cuts,
                 s,
             )?)),
-            _ => read_float(
+            // Dequantized where the layout cannot keep MXFP4: as frozen as
+            // the stored experts (they are not trained at any rank count).
+            Some(Err(_)) => Experts::Frozen(crate::grad::Frozen::new(read_float(
+                w,
+                names,
+                (dim, hidden, experts),
+                (cuts, config.placement),
+                s,
+            )?)),
+            None => read_float(
                 w,
                 names,
                 (dim, hidden, experts),

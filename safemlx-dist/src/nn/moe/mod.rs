@@ -39,12 +39,14 @@ pub use mxfp4::{Mxfp4, Mxfp4Experts};
 use super::Mlp;
 use crate::grad::Parameters;
 
-/// This rank's experts, by placement: float, or MXFP4 as stored.
+/// This rank's experts, by placement: float, or MXFP4 as stored; or
+/// MXFP4 experts a layout could not keep, dequantized and frozen.
 #[derive(Debug, Parameters)]
 enum Experts {
     Parallel(ExpertWeights),
     TensorParallel(ExpertSlices),
     Mxfp4(Box<Mxfp4Experts>),
+    Frozen(crate::grad::Frozen<Experts>),
 }
 
 impl Experts {
@@ -57,6 +59,7 @@ impl Experts {
                 Mxfp4Experts::Parallel(_) => ExpertParallel,
                 Mxfp4Experts::TensorParallel(..) => ExpertTensorParallel,
             },
+            Self::Frozen(f) => f.get().placement(),
         }
     }
 
@@ -71,6 +74,7 @@ impl Experts {
                 Mxfp4Experts::TensorParallel(..) => return vec![(0, experts); n],
             },
             Self::TensorParallel(_) => return vec![(0, experts); n],
+            Self::Frozen(f) => return f.get().owners(experts, n),
         };
         let mut first = 0;
         lengths
@@ -92,6 +96,7 @@ impl Experts {
                 ExpertMatrices::Float([w.gate.local(), w.up.local(), w.down.local()])
             }
             Self::Mxfp4(m) => ExpertMatrices::Mxfp4(m.locals()),
+            Self::Frozen(f) => f.get().matrices(),
         }
     }
 
@@ -276,7 +281,9 @@ impl Moe {
         all.extend(match self.experts.as_ref() {
             Experts::Parallel(w) => w.gather_full(s)?,
             Experts::TensorParallel(w) => w.gather_full(s)?,
-            Experts::Mxfp4(_) => unreachable!("MXFP4 layers have biases: refused above"),
+            Experts::Mxfp4(_) | Experts::Frozen(_) => {
+                unreachable!("MXFP4 layers, kept or dequantized, have biases: refused above")
+            }
         });
         Ok(all)
     }
