@@ -2,8 +2,11 @@
 //! generate`'s rows) prefill of 512 tokens and 64 decode steps, one
 //! compute thread per rank, as one rank, as 2 ranks tensor parallel
 //! (`tp=2`) and as 2 pipeline stages (`pp=2`, the prompt in chunks of 64),
-//! on ring and MPI over loopback; and the machine's two-process ceiling
-//! (two one-rank runs started together) in the same run. Then `tp=2` and
+//! on ring and MPI over loopback; the same at 4 ranks (`tp=4`, `pp=2,tp=2`,
+//! `pp=4`; oversubscribed on 2 cores); the small random Mixtral-layout
+//! model (`peers.py make-moe`) as one rank, `tp=2` and `pp=2`; and the
+//! machine's two-process ceiling (two one-rank runs started together) in
+//! the same run. Then `tp=2` and
 //! `pp=2` on ring across two test-network hosts whose links hold every
 //! packet 2 ms (`tests/tests/layouts_delayed.rs`, 128-token prompt, 16
 //! decode steps; skipped where the network cannot be built). JSON lines in
@@ -17,6 +20,10 @@ use super::{ceiling, finish, launch, prepare};
 use crate::{cmd, models};
 
 const LAYOUTS: [(&str, &str); 3] = [("1", "pp=1,tp=1"), ("2", "pp=1,tp=2"), ("2", "pp=2,tp=1")];
+
+/// SmolLM2 at 4 ranks: oversubscribed on 2 cores (two ranks per core), so
+/// these rows compare the layouts with each other, not with one rank.
+const FOUR: [(&str, &str); 3] = [("4", "pp=1,tp=4"), ("4", "pp=2,tp=2"), ("4", "pp=4,tp=1")];
 
 pub fn run() -> Result<(), String> {
     let gguf = models::fetch_smollm2()?;
@@ -38,12 +45,39 @@ pub fn run() -> Result<(), String> {
         ]
     };
     for backend in ["ring", "mpi"] {
-        for (ranks, mesh) in LAYOUTS {
+        for (ranks, mesh) in LAYOUTS.iter().chain(&FOUR) {
             launch(
                 &release,
                 (ranks, backend),
                 "bench_generate",
                 &args(mesh),
+                &out,
+            )?;
+        }
+    }
+    // The small Mixtral-layout model (float32, experts split across each
+    // stage's ranks).
+    let moe = super::moe::mixtral_model(&super::generate::peers_python()?)?;
+    let moe = moe.display().to_string();
+    for backend in ["ring", "mpi"] {
+        for (ranks, mesh) in LAYOUTS {
+            let moe_args = [
+                "--model",
+                moe.as_str(),
+                "--prompt-tokens",
+                "512",
+                "--decode-tokens",
+                "64",
+                "--mesh",
+                mesh,
+                "--prefill-chunk",
+                "64",
+            ];
+            launch(
+                &release,
+                (ranks, backend),
+                "bench_generate",
+                &moe_args,
                 &out,
             )?;
         }
@@ -68,6 +102,7 @@ pub fn run() -> Result<(), String> {
     cmd::run(delayed)?;
     let rows = finish(&out)?;
     report(&rows);
+    report_more(&rows);
     report_delayed(&rows);
     Ok(())
 }
@@ -104,13 +139,54 @@ fn report_delayed(rows: &[Value]) {
     );
 }
 
+/// SmolLM2's loopback row of `backend` and `mesh`.
 fn row<'a>(rows: &'a [Value], backend: &str, mesh: &str) -> Option<&'a Value> {
+    model_row(rows, "SmolLM2", backend, mesh)
+}
+
+/// The loopback row of the model whose path has `model`.
+fn model_row<'a>(rows: &'a [Value], model: &str, backend: &str, mesh: &str) -> Option<&'a Value> {
     rows.iter().find(|r| {
         r["impl"] == "safemlx-dist"
+            && r["model"].as_str().is_some_and(|m| m.contains(model))
             && r["backend"] == backend
             && r["mesh"] == mesh
             && r["link"] != "2ms"
     })
+}
+
+/// The 4-rank SmolLM2 rows and the MoE model's, each against its model's
+/// one rank on the same backend.
+fn report_more(rows: &[Value]) {
+    println!("| model | backend | mesh | prefill tokens/s | decode tokens/s | vs 1 rank (prefill, decode) |");
+    println!("|---|---|---|---|---|---|");
+    let cases = [
+        ("SmolLM2", &FOUR[..]),
+        ("mixtral-small-random", &LAYOUTS[1..]),
+    ];
+    for (model, layouts) in cases {
+        for backend in ["ring", "mpi"] {
+            let one = model_row(rows, model, backend, "pp=1,tp=1");
+            for (_, mesh) in layouts {
+                let Some(r) = model_row(rows, model, backend, mesh) else {
+                    continue;
+                };
+                let value = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
+                let (p, d) = (
+                    value(r, "prefill_tokens_per_s"),
+                    value(r, "decode_tokens_per_s"),
+                );
+                let versus = one.map_or(String::from("-"), |o| {
+                    let (p1, d1) = (
+                        value(o, "prefill_tokens_per_s"),
+                        value(o, "decode_tokens_per_s"),
+                    );
+                    format!("{:.2}x, {:.2}x", p / p1.max(1e-9), d / d1.max(1e-9))
+                });
+                println!("| {model} | {backend} | {mesh} | {p:.1} | {d:.1} | {versus} |");
+            }
+        }
+    }
 }
 
 fn report(rows: &[Value]) {

@@ -113,19 +113,8 @@ pub fn run(only: Option<&str>) -> Result<(), String> {
         }
     }
 
-    // The model: written once into the cache by the peers' Python.
     let python = peers_python()?;
-    let model = cmd::cache_root()
-        .join("models")
-        .join("mixtral-small-random");
-    if !model.join("config.json").is_file() {
-        let mut make = Command::new(&python);
-        make.arg(cmd::root().join("xtask/bench/peers.py"))
-            .arg("make-moe")
-            .arg(&model)
-            .arg(cmd::root().join("tests/golden/moe/mixtral"));
-        cmd::run(make)?;
-    }
+    let model = mixtral_model(&python)?;
     let path = model.display().to_string();
     for backend in ["ring", "mpi"] {
         for (ranks, placements) in [
@@ -169,6 +158,23 @@ pub fn run(only: Option<&str>) -> Result<(), String> {
     }
     report(&finish(&out)?);
     Ok(())
+}
+
+/// The small random Mixtral-layout model, written once into the cache by
+/// the peers' Python (`peers.py make-moe`).
+pub(super) fn mixtral_model(python: &Path) -> Result<std::path::PathBuf, String> {
+    let model = cmd::cache_root()
+        .join("models")
+        .join("mixtral-small-random");
+    if !model.join("config.json").is_file() {
+        let mut make = Command::new(python);
+        make.arg(cmd::root().join("xtask/bench/peers.py"))
+            .arg("make-moe")
+            .arg(&model)
+            .arg(cmd::root().join("tests/golden/moe/mixtral"));
+        cmd::run(make)?;
+    }
+    Ok(model)
 }
 
 /// A family-shaped model's rows (see the module's comment).
