@@ -201,6 +201,33 @@ pub fn output_text(out: &std::process::Output) -> String {
     )
 }
 
+/// `generate` on 2 ranks (`safemlx-launch`, 120 s) whose ranks report
+/// `memory` (`SAFEMLX_DIST_MEMORY`, e.g. `3GiB,1GiB`), on the DeepSeek-V3
+/// golden model (a short prompt, 4 tokens) with `args` and `--check`:
+/// checks it succeeded and printed every line of `lines`.
+pub fn check_generate_by_memory(memory: &str, args: &[&str], lines: &[&str]) {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/moe/deepseek-v3");
+    let out = std::process::Command::new(built("safemlx-launch"))
+        .env(safemlx_dist::models::MEMORY_ENV, memory)
+        .args(["-n", "2", "--timeout", "120", "--"])
+        .arg(built("examples/generate"))
+        .arg("--model")
+        .arg(model)
+        .args(["--prompt", "Hello experts", "--max-tokens", "4"])
+        .args(args)
+        .arg("--check")
+        .output()
+        .expect("safemlx-launch runs");
+    let all = output_text(&out);
+    assert!(out.status.success(), "{all}");
+    for line in lines
+        .iter()
+        .chain(&["--check against one process", "greedy tokens agree"])
+    {
+        assert!(all.contains(line), "no `{line}`:\n{all}");
+    }
+}
+
 /// `target/<profile>/NAME` (`examples/generate`, `safemlx-launch`),
 /// beside the running test's directory.
 pub fn built(name: &str) -> std::path::PathBuf {

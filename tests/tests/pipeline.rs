@@ -301,27 +301,14 @@ fn memory_splits_weigh_each_stages_least_memory() {
 /// pipeline's tokens and logits equal one process's.
 #[test]
 fn generate_splits_stages_by_the_memory_each_rank_offers() {
-    use safemlx_dist::models::MEMORY_ENV;
-    use safemlx_dist_tests::built;
-    let out = std::process::Command::new(built("safemlx-launch"))
-        .env(MEMORY_ENV, "1GiB,3GiB")
-        .args(["-n", "2", "--timeout", "120", "--"])
-        .arg(built("examples/generate"))
-        .arg("--model")
-        .arg(golden_dir("moe/deepseek-v3"))
-        .args(["--prompt", "Hello experts", "--max-tokens", "4"])
-        .args(["--mesh", "pp=2", "--split", "memory", "--check"])
-        .output()
-        .expect("safemlx-launch runs");
-    let all = safemlx_dist_tests::output_text(&out);
-    assert!(out.status.success(), "{all}");
-    for line in [
-        "--split memory: the ranks offer [1024, 3072] MiB",
-        "stage 0 of 2, layers 0..1;",
-        "stage 1 of 2, layers 1..3;",
-        "rank 1/2: --check against one process",
-        "greedy tokens agree",
-    ] {
-        assert!(all.contains(line), "no `{line}`:\n{all}");
-    }
+    safemlx_dist_tests::check_generate_by_memory(
+        "1GiB,3GiB",
+        &["--mesh", "pp=2", "--split", "memory"],
+        &[
+            "--split memory: the ranks offer [1024, 3072] MiB",
+            "stage 0 of 2, layers 0..1;",
+            "stage 1 of 2, layers 1..3;",
+            "rank 1/2: --check against one process",
+        ],
+    );
 }

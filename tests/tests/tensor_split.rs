@@ -189,27 +189,14 @@ fn splits_with_the_wrong_parts_are_refused() {
 /// experts 6 + 2, and the tokens and logits equal one process's.
 #[test]
 fn generate_splits_tensors_by_the_memory_each_rank_offers() {
-    use safemlx_dist::models::MEMORY_ENV;
-    use safemlx_dist_tests::built;
-    let out = std::process::Command::new(built("safemlx-launch"))
-        .env(MEMORY_ENV, "3GiB,1GiB")
-        .args(["-n", "2", "--timeout", "120", "--"])
-        .arg(built("examples/generate"))
-        .arg("--model")
-        .arg(golden_dir("moe/deepseek-v3"))
-        .args(["--prompt", "Hello experts", "--max-tokens", "4"])
-        .args(["--tensor-split", "memory", "--check"])
-        .output()
-        .expect("safemlx-launch runs");
-    let all = safemlx_dist_tests::output_text(&out);
-    assert!(out.status.success(), "{all}");
-    for line in [
-        "--tensor-split memory: rank 0's tensor group offers [3072, 1024] MiB",
-        "rank 0/2: query heads 0..3, KV heads 0..3, MLP columns 0..48, experts 0..6;",
-        "rank 1/2: query heads 3..4, KV heads 3..4, MLP columns 48..64, experts 6..8;",
-        "rank 0/2: --check against one process",
-        "greedy tokens agree",
-    ] {
-        assert!(all.contains(line), "no `{line}`:\n{all}");
-    }
+    safemlx_dist_tests::check_generate_by_memory(
+        "3GiB,1GiB",
+        &["--tensor-split", "memory"],
+        &[
+            "--tensor-split memory: rank 0's tensor group offers [3072, 1024] MiB",
+            "rank 0/2: query heads 0..3, KV heads 0..3, MLP columns 0..48, experts 0..6;",
+            "rank 1/2: query heads 3..4, KV heads 3..4, MLP columns 48..64, experts 6..8;",
+            "rank 0/2: --check against one process",
+        ],
+    );
 }

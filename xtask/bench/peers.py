@@ -211,6 +211,37 @@ def write_model(out, tensors, config, tokenizer_dir):
         shutil.copy(Path(tokenizer_dir) / name, out / name)
 
 
+def biased_attention(t, p, w, dims):
+    """A layer's two norms and its attention's q/k/v weights and biases and
+    o weight under `p` (gpt-oss, GLM-4-MoE)."""
+    d, heads, kv, hd = dims
+    a = p + "self_attn."
+    t[p + "input_layernorm.weight"] = 1.0 + w(d)
+    t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+    for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+        t[a + name + ".weight"] = w(rows, d)
+        t[a + name + ".bias"] = w(rows)
+    t[a + "o_proj.weight"] = w(d, heads * hd)
+
+
+def grouped_moe(t, m, dense_layer, w, dims):
+    """DeepSeek-V3's and GLM-4-MoE's feed-forward tensors under `m`: a
+    dense MLP (the first layers), or a router with its correction bias,
+    one shared expert and the routed experts."""
+    d, dense, e, h = dims
+    if dense_layer:
+        for name, shape in [("gate_proj", (dense, d)), ("up_proj", (dense, d)),
+                            ("down_proj", (d, dense))]:
+            t[m + name + ".weight"] = w(*shape)
+        return
+    t[m + "gate.weight"] = w(e, d, scale=0.5)
+    t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
+    for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)), ("down_proj", (d, h))]:
+        t[m + "shared_experts." + name + ".weight"] = w(*shape)
+        for x in range(e):
+            t[m + f"experts.{x}.{name}.weight"] = w(*shape)
+
+
 def make_deepseek(out, tokenizer_dir):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,18 +279,7 @@ def make_deepseek(out, tokenizer_dir):
         t[a + "kv_a_layernorm.weight"] = 1.0 + w(r)
         t[a + "kv_b_proj.weight"] = w(heads * (nope + vd), r)
         t[a + "o_proj.weight"] = w(d, heads * vd)
-        m = p + "mlp."
-        if i == 0:
-            for name, shape in [("gate_proj", (dense, d)), ("up_proj", (dense, d)),
-                                ("down_proj", (d, dense))]:
-                t[m + name + ".weight"] = w(*shape)
-            continue
-        t[m + "gate.weight"] = w(e, d, scale=0.5)
-        t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
-        for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)), ("down_proj", (d, h))]:
-            t[m + "shared_experts." + name + ".weight"] = w(*shape)
-            for x in range(e):
-                t[m + f"experts.{x}.{name}.weight"] = w(*shape)
+        grouped_moe(t, p + "mlp.", i == 0, w, (d, dense, e, h))
     write_model(out, t, config, tokenizer_dir)
 
 
@@ -291,26 +311,10 @@ def make_glm(out, tokenizer_dir):
     for i in range(layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        t[p + "input_layernorm.weight"] = 1.0 + w(d)
-        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
-        for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-            t[a + name + ".weight"] = w(rows, d)
-            t[a + name + ".bias"] = w(rows)
-        t[a + "o_proj.weight"] = w(d, heads * hd)
+        biased_attention(t, p, w, (d, heads, kv, hd))
         t[a + "q_norm.weight"] = 1.0 + w(hd)
         t[a + "k_norm.weight"] = 1.0 + w(hd)
-        m = p + "mlp."
-        if i == 0:
-            for name, shape in [("gate_proj", (dense, d)), ("up_proj", (dense, d)),
-                                ("down_proj", (d, dense))]:
-                t[m + name + ".weight"] = w(*shape)
-            continue
-        t[m + "gate.weight"] = w(e, d, scale=0.5)
-        t[m + "gate.e_score_correction_bias"] = w(e, scale=0.3)
-        for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)), ("down_proj", (d, h))]:
-            t[m + "shared_experts." + name + ".weight"] = w(*shape)
-            for x in range(e):
-                t[m + f"experts.{x}.{name}.weight"] = w(*shape)
+        grouped_moe(t, p + "mlp.", i == 0, w, (d, dense, e, h))
     write_model(out, t, config, tokenizer_dir)
 
 
@@ -348,12 +352,7 @@ def make_gpt_oss(out, tokenizer_dir):
     for i in range(layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        t[p + "input_layernorm.weight"] = 1.0 + w(d)
-        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
-        for name, rows in (("q_proj", heads * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-            t[a + name + ".weight"] = w(rows, d)
-            t[a + name + ".bias"] = w(rows)
-        t[a + "o_proj.weight"] = w(d, heads * hd)
+        biased_attention(t, p, w, (d, heads, kv, hd))
         t[a + "o_proj.bias"] = w(d)
         t[a + "sinks"] = w(heads, scale=1.0)
         m = p + "mlp."
