@@ -4,7 +4,7 @@
 //! safemlx-launch -n N -- target/release/examples/generate [--model PATH]
 //!     [--prompt TEXT] [--chat] [--max-tokens K] [--temperature T]
 //!     [--top-p P] [--seed S] [--dequantize] [--experts parallel|tensor-parallel]
-//!     [--mesh pp=P[,tp=T]] [--split W1:W2:..] [--tensor-split W1:W2:..]
+//!     [--mesh pp=P[,tp=T]] [--split W1:W2:..] [--tensor-split W1:W2:..|memory]
 //!     [--prefill-chunk C] [--check]
 //! ```
 //!
@@ -20,10 +20,11 @@
 //! memory`), the prompt prefilled in chunks of
 //! `--prefill-chunk` tokens; without it every rank holds a slice of every
 //! layer (tensor parallel). `--tensor-split 3:1` gives the tensor-parallel
-//! ranks (of each stage) attention heads and hidden columns in proportion
-//! to the weights instead of evenly, and experts (or, with every expert
-//! sliced, their hidden columns) too; the vocabulary stays even. Rank 0 streams the text; every rank prints the
-//! bytes it read, the bytes its weights (quantized or not) and KV cache
+//! ranks (of each stage) attention heads, hidden columns and experts (or,
+//! with every expert sliced, their hidden columns) in proportion to the
+//! weights instead of evenly, `--tensor-split memory` to each rank's free
+//! memory; the vocabulary stays even. Rank 0 streams the text; every rank
+//! prints the bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0, or of a pipeline's last rank, without peers), compares the prompt's logits (maximum relative
 //! error, at most 1e-4) and checks that the greedy tokens agree.

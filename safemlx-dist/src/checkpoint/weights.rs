@@ -107,8 +107,8 @@ impl<'a, C: Collective> Weights<'a, C> {
     }
 
     /// Every rank's length of a dimension of `len` heads, columns or
-    /// experts: in
-    /// proportion to the shares when given, else by the chunk rule.
+    /// experts: in proportion to the shares when given, else by the chunk
+    /// rule.
     pub fn lengths(&self, len: usize) -> Vec<usize> {
         match &self.shares {
             Some(shares) => crate::typed::weighted_lengths(len, shares),

@@ -23,7 +23,7 @@ use safemlx::{Array, Stream};
 
 use super::grouped_sdpa;
 use super::head_rows::HeadRows;
-use super::head_split::HeadSplit;
+use super::head_split::{HeadSegment, HeadSplit};
 use super::kv_cache::LayerKv;
 use super::load_linear::load_columns;
 use super::window_cache::window_mask;
@@ -172,6 +172,10 @@ pub struct GqaAttention {
     config: GqaConfig,
     #[parameters(skip)]
     split: HeadSplit,
+    /// This rank's query heads in runs of even grouping (one fused
+    /// attention call each; see [`HeadSplit::segments`]).
+    #[parameters(skip)]
+    segments: Vec<HeadSegment>,
     q: LinearWeight<Sharded<0>>,
     k: LinearWeight<Sharded<0>>,
     v: LinearWeight<Sharded<0>>,
@@ -243,6 +247,7 @@ impl GqaAttention {
         Ok(Self {
             config: config.clone(),
             split,
+            segments: split.segments(config.heads / config.kv_heads),
             q: weight(&query, 0)?,
             k: weight(&kv, 1)?,
             v: weight(&kv, 2)?,
@@ -283,6 +288,11 @@ impl GqaAttention {
             || self.k.is_quantized()
             || self.v.is_quantized()
             || self.o.is_quantized()
+    }
+
+    /// This rank's query heads in runs of even grouping.
+    pub(super) fn segments(&self) -> &[HeadSegment] {
+        &self.segments
     }
 
     /// The heads this rank holds.
@@ -457,11 +467,8 @@ impl GqaAttention {
             None => (t > 1).then_some(ScaledDotProductAttentionMask::Causal),
         };
         let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
-        let segments = self
-            .split
-            .segments(self.config.heads / self.config.kv_heads);
         let out = grouped_sdpa::attention(
-            &segments,
+            &self.segments,
             [&q, &keys, &values],
             scale,
             mask.as_ref(),

@@ -84,7 +84,6 @@ impl GqaAttention {
         let (keys, values) = layer.write(rows, slots, [&k, &v], s)?;
         let scale = 1.0 / (config.head_dim as f32).sqrt();
         let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
-        let segments = split.segments(config.heads / config.kv_heads);
         // The pieces of the output and the rows each covers.
         let (mut pieces, mut order) = (Vec::new(), Vec::new());
         let (mut singles, mut at) = (Vec::new(), 0);
@@ -113,7 +112,7 @@ impl GqaAttention {
                     None => ScaledDotProductAttentionMask::Causal,
                 };
                 let out = grouped_sdpa::attention(
-                    &segments,
+                    self.segments(),
                     [&q, &seen_keys, &seen(&values)?],
                     scale,
                     Some(&mask),
@@ -208,9 +207,8 @@ impl GqaAttention {
             mask = mask.logical_and(&inside, s)?;
         }
         let mask = mask.reshape(&[rows, 1, 1, longest], s)?;
-        let segments = split.segments(self.config().heads / self.config().kv_heads);
         let out = grouped_sdpa::attention(
-            &segments,
+            self.segments(),
             [&q, &seen(keys)?, &seen(values)?],
             scale,
             Some(&ScaledDotProductAttentionMask::Array(&mask)),

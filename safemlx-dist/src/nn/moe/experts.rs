@@ -271,7 +271,7 @@ impl Moe {
             ExpertPlacement::ExpertTensorParallel => {
                 let split = w.lengths(hidden);
                 // Read whole when stacked: this rank's columns cut here.
-                let (first, count) = w.chunk(hidden);
+                let (first, count) = crate::typed::split_part(&split, group.rank());
                 let cut = |a: Array, axis: usize| match stacked {
                     true => crate::runtime::slice_axis(&a, axis, first, count, s),
                     false => Ok(a),

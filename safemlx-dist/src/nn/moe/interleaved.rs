@@ -259,22 +259,21 @@ impl Moe {
                 cuts,
                 s,
             )?)),
-            // Dequantized where the layout cannot keep MXFP4: as frozen as
-            // the stored experts (they are not trained at any rank count).
-            Some(Err(_)) => Experts::Frozen(crate::grad::Frozen::new(read_float(
-                w,
-                names,
-                (dim, hidden, experts),
-                (cuts, config.placement),
-                s,
-            )?)),
-            None => read_float(
-                w,
-                names,
-                (dim, hidden, experts),
-                (cuts, config.placement),
-                s,
-            )?,
+            stored => {
+                let float = read_float(
+                    w,
+                    names,
+                    (dim, hidden, experts),
+                    (cuts, config.placement),
+                    s,
+                )?;
+                // Dequantized where the layout cannot keep MXFP4: as frozen
+                // as the stored experts (not trained at any rank count).
+                match stored {
+                    Some(_) => Experts::Frozen(crate::grad::Frozen::new(float)),
+                    None => float,
+                }
+            }
         };
         Ok(Self {
             router: ShardedArray::replicated(router.transpose(s)?, group),
