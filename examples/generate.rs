@@ -36,12 +36,11 @@ use std::time::Instant;
 
 use safemlx_dist::generate::{generate, generate_stages, Generated, Sampler};
 use safemlx_dist::models::{
-    available_memory, load_stage, load_with, memory_reports, split_by_memory, LayerSplit,
-    LoadOptions, Loaded, Storage,
+    load_layout, Layout, LoadOptions, Loaded, StageSplit, Storage, TensorSplit,
 };
 use safemlx_dist::nn::ExpertPlacement;
-use safemlx_dist::typed::{MeshSpec, StageLink};
-use safemlx_dist::{init, Backend, DeviceMesh};
+use safemlx_dist::typed::MeshSpec;
+use safemlx_dist::{init, Backend};
 use safemlx_dist_examples::cpu_stream;
 
 #[path = "generate/check.rs"]
@@ -101,7 +100,7 @@ struct Args {
     /// stage, or to each stage's free memory (`memory`; SAFEMLX_DIST_MEMORY
     /// overrides what a rank reports) [default: even]
     #[arg(long, value_name = "W1:W2:..|memory")]
-    split: Option<Split>,
+    split: Option<StageSplit>,
     /// Attention heads, hidden columns and experts per tensor-parallel rank
     /// (of each stage) in proportion to these weights, one per rank, or to
     /// each rank's free memory (`memory`) [default: even]
@@ -137,9 +136,7 @@ struct Options {
     top_p: f32,
     seed: u64,
     load: LoadOptions,
-    mesh: MeshSpec,
-    split: Option<Split>,
-    tensor_split: Option<TensorSplit>,
+    layout: Layout,
     prefill_chunk: usize,
     check: bool,
     backend: Backend,
@@ -177,9 +174,11 @@ fn options() -> Result<Options, String> {
             },
             tensor_split: None,
         },
-        tensor_split: args.tensor_split,
-        mesh: args.mesh.unwrap_or_default(),
-        split: args.split,
+        layout: Layout {
+            mesh: args.mesh.unwrap_or_default(),
+            split: args.split,
+            tensor_split: args.tensor_split,
+        },
         prefill_chunk: args.prefill_chunk,
         check: args.check,
         backend: args.backend.parse().map_err(err)?,
@@ -220,49 +219,16 @@ fn run() -> Result<(), String> {
     let group = init(false, backend).map_err(err)?;
     let (rank, n) = (group.rank(), group.size());
     // The reference is the whole model in one process, whatever the mesh.
-    let axes = if reference.is_some() {
-        MeshSpec::default().resolve(1)
-    } else {
-        o.mesh.resolve(n)
+    let layout = match reference {
+        Some(_) => Layout::default(),
+        None => o.layout.clone(),
     };
-    let axes = axes.map_err(err)?;
     let started = Instant::now();
-    let (loaded, link) = if axes.pp > 1 {
-        let split = match o.split.clone() {
-            None => LayerSplit::Even(axes.pp),
-            Some(Split::Weights(split)) => split,
-            Some(Split::Memory) => {
-                let mine = available_memory(rank).map_err(err)?;
-                let (split, reports) = split_by_memory(&group, axes.tp, mine, &s).map_err(err)?;
-                if rank == 0 {
-                    println!(
-                        "--split memory: the ranks offer {reports:?} MiB; stage weights {split:?}"
-                    );
-                }
-                split
-            }
-        };
-        if split.stages() != axes.pp {
-            return Err(format!(
-                "--split gives {} parts for {} pipeline stages; give one weight per stage",
-                split.stages(),
-                axes.pp
-            ));
-        }
-        let mesh = DeviceMesh::new(&group, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
-        let link = StageLink::new(&mesh).map_err(err)?;
-        let (tensor, stage) = (mesh.axis("tp").map_err(err)?, link.stage());
-        let load = tensor_load(&o, (tensor, rank), &s)?;
-        let loaded = load_stage(tensor, &o.model, load, &split, stage, &s).map_err(err)?;
-        (loaded, Some(link))
-    } else {
-        // The reference is one process: no tensor split.
-        let load = match reference {
-            Some(_) => o.load.clone(),
-            None => tensor_load(&o, (&group, rank), &s)?,
-        };
-        (load_with(&group, &o.model, load, &s).map_err(err)?, None)
-    };
+    let placed = load_layout(&group, &o.model, o.load.clone(), &layout, &s).map_err(err)?;
+    for note in &placed.notes {
+        println!("{note}");
+    }
+    let (loaded, link, axes) = (placed.loaded, placed.link, placed.axes);
     let load_seconds = started.elapsed().as_secs_f64();
     let prompt = prompt_tokens(&loaded, &o)?;
     let model = &loaded.model;
@@ -331,69 +297,6 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// `--split`: weights, or `memory`.
-#[derive(Debug, Clone)]
-enum Split {
-    Weights(LayerSplit),
-    Memory,
-}
-
-/// `--tensor-split`: one weight per tensor-parallel rank, or each rank's
-/// memory (`world_rank`'s entry of SAFEMLX_DIST_MEMORY when set).
-#[derive(Clone)]
-enum TensorSplit {
-    Weights(Vec<u32>),
-    Memory,
-}
-
-impl std::str::FromStr for TensorSplit {
-    type Err = safemlx_dist::Error;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text.trim() {
-            "memory" => Ok(Self::Memory),
-            weights => {
-                safemlx_dist::models::parse_weights("--tensor-split", weights).map(Self::Weights)
-            }
-        }
-    }
-}
-
-/// The load options with `--tensor-split`'s weights over `tensor` (a
-/// stage's ranks, or every rank): as given, or each rank's memory (one
-/// `all_gather` over `tensor`), printed by its first rank.
-fn tensor_load(
-    o: &Options,
-    (tensor, world_rank): (&safemlx_dist::Group, usize),
-    s: &safemlx::Stream,
-) -> Result<LoadOptions, String> {
-    let mut load = o.load.clone();
-    load.tensor_split = match &o.tensor_split {
-        None => None,
-        Some(TensorSplit::Weights(w)) => Some(w.clone()),
-        Some(TensorSplit::Memory) => {
-            let mine = available_memory(world_rank).map_err(err)?;
-            let reports = memory_reports(tensor, mine, s).map_err(err)?;
-            if tensor.rank() == 0 {
-                println!("--tensor-split memory: rank {world_rank}'s tensor group offers {reports:?} MiB");
-            }
-            Some(reports)
-        }
-    };
-    Ok(load)
-}
-
-impl std::str::FromStr for Split {
-    type Err = safemlx_dist::Error;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text.trim() {
-            "memory" => Ok(Self::Memory),
-            weights => weights.parse().map(Self::Weights),
-        }
-    }
-}
-
 fn report(
     loaded: &Loaded,
     g: &Generated,
@@ -401,28 +304,7 @@ fn report(
     (rank, n): (usize, usize),
     load_seconds: f64,
 ) {
-    let heads = loaded
-        .model
-        .head_split()
-        .map(|h| {
-            format!(
-                "query heads {}..{}, KV heads {}..{}",
-                h.query.0,
-                h.query.0 + h.query.1,
-                h.kv.0,
-                h.kv.0 + h.kv.1
-            )
-        })
-        .unwrap_or_default();
     let model = &loaded.model;
-    let hidden = model
-        .mlp_hidden()
-        .map(|(first, count)| format!(", MLP columns {first}..{}", first + count))
-        .unwrap_or_default();
-    let experts = model
-        .held_experts()
-        .map(|(first, count)| format!(", experts {first}..{}", first + count))
-        .unwrap_or_default();
     let (per_token, per_head) = (
         model.cache_bytes_per_token(),
         model.per_head_cache_bytes_per_token(),
@@ -432,17 +314,9 @@ fn report(
     } else {
         format!(" (latent: {per_token} bytes per token; per-head keys and values would take {per_head})")
     };
-    let stage = model.stage();
-    let layers = if stage.is_whole() {
-        String::new()
-    } else {
-        format!(
-            "stage {} of {}, layers {}..{}; ",
-            stage.index, stage.count, stage.layers.start, stage.layers.end
-        )
-    };
     println!(
-        "rank {rank}/{n}: {layers}{heads}{hidden}{experts}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
+        "rank {rank}/{n}: {}; read {} of weights in {load_seconds:.2} s, holds {} ({}), KV cache {}{latent}",
+        model.holds(),
         mib(loaded.weights.bytes_read()),
         mib(model.weight_bytes() as u64),
         if model.is_quantized() {

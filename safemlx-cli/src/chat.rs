@@ -43,9 +43,10 @@ const BOUNDS: Bounds = Bounds {
 pub fn run(args: ChatArgs) -> Result<(), String> {
     let s = cpu_stream();
     let group = init(false, args.model.backend()?).map_err(|e| e.to_string())?;
-    let loaded = args.model.load(&group, &s)?;
+    let placed = args.model.load(&group, &s)?;
+    let (loaded, link) = (&placed.loaded, placed.link.as_ref());
     if group.rank() != 0 {
-        return follow(&loaded.model, BOUNDS, &group, &s);
+        return follow(&loaded.model, BOUNDS, (&group, link), &s);
     }
     let config = loaded.model.config();
     let settings = Settings {
@@ -67,7 +68,7 @@ pub fn run(args: ChatArgs) -> Result<(), String> {
         &queue,
         // Never stopped: the chat ends with its input.
         &tokio::sync::watch::channel(false).1,
-        &group,
+        (&group, link),
         &s,
     )?;
     terminal

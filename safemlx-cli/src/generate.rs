@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use safemlx_dist::generate::{generate, Sampler};
+use safemlx_dist::generate::{generate, generate_stages, Sampler};
 use safemlx_dist::init;
 
 use crate::model_args::{cpu_stream, ModelArgs, SamplingArgs};
@@ -22,6 +22,10 @@ pub struct GenerateArgs {
     /// Tokens to generate at most
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
+    /// Prompt tokens per chunk of a pipelined prefill (with --mesh pp=P):
+    /// the stages work on different chunks at once
+    #[arg(long, default_value_t = 64, value_name = "C")]
+    pub prefill_chunk: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -39,7 +43,8 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
         args.sampling.seed,
     )
     .map_err(|e| e.to_string())?;
-    let loaded = args.model.load(&group, &s)?;
+    let placed = args.model.load(&group, &s)?;
+    let loaded = &placed.loaded;
     let text = if args.raw {
         args.prompt.clone()
     } else {
@@ -57,24 +62,40 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
     let mut pieces = loaded.tokenizer.stream();
     let mut stdout = std::io::stdout();
     let rank = group.rank();
-    let generated = generate(
-        model,
-        &mut cache,
-        &prompt,
-        args.max_tokens,
-        &mut sampler,
-        &model.config().eos_token_ids,
-        |token| {
-            if rank == 0 {
-                let piece = pieces.push(token)?;
-                // One write per piece: under mpirun each write is one line.
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
-            }
-            Ok(())
-        },
-        &s,
-    )
+    let eos = &model.config().eos_token_ids;
+    let on_token = |token| {
+        if rank == 0 {
+            let piece = pieces.push(token)?;
+            // One write per piece: under mpirun each write is one line.
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        Ok(())
+    };
+    let generated = match &placed.link {
+        // Pipeline stages: rank 0 (on the first stage) gets every token.
+        Some(link) => generate_stages(
+            model,
+            link,
+            &mut cache,
+            &prompt,
+            (args.max_tokens, args.prefill_chunk),
+            &mut sampler,
+            eos,
+            on_token,
+            &s,
+        ),
+        None => generate(
+            model,
+            &mut cache,
+            &prompt,
+            args.max_tokens,
+            &mut sampler,
+            eos,
+            on_token,
+            &s,
+        ),
+    }
     .map_err(|e| e.to_string())?;
     if rank == 0 {
         println!();

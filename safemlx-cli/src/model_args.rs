@@ -1,13 +1,16 @@
 //! The options the subcommands share: which model, how its weights are
-//! held, where an MoE's experts go, and the backend, and loading it; and
-//! how tokens are drawn.
+//! held, where an MoE's experts go, how it splits over the ranks (the
+//! mesh), and the backend, and loading it; and how tokens are drawn.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use safemlx::{Device, DeviceType, Stream};
-use safemlx_dist::models::{load_with, LoadOptions, Loaded, Storage};
+use safemlx_dist::models::{
+    load_layout, Layout, LoadOptions, Placed, StageSplit, Storage, TensorSplit,
+};
 use safemlx_dist::nn::ExpertPlacement;
+use safemlx_dist::typed::MeshSpec;
 use safemlx_dist::{Backend, Group};
 
 /// Which model and how to hold it.
@@ -27,6 +30,20 @@ pub struct ModelArgs {
     /// Where an MoE model's experts go
     #[arg(long, value_enum, default_value_t = Experts::Parallel)]
     pub experts: Experts,
+    /// The mesh's axes: pipeline stages (pp) x tensor-parallel ranks per
+    /// stage (tp); stage k is ranks k*T..(k+1)*T [default: tp=all ranks]
+    #[arg(long, value_name = "pp=P,tp=T")]
+    pub mesh: Option<MeshSpec>,
+    /// Layers per pipeline stage in proportion to these weights, one per
+    /// stage, or to each stage's free memory (`memory`;
+    /// SAFEMLX_DIST_MEMORY overrides what a rank reports) [default: even]
+    #[arg(long, value_name = "W1:W2:..|memory")]
+    pub split: Option<StageSplit>,
+    /// Attention heads, hidden columns and experts per tensor-parallel
+    /// rank (of each stage) in proportion to these weights, one per rank,
+    /// or to each rank's free memory (`memory`) [default: even]
+    #[arg(long, value_name = "W1:W2:..|memory")]
+    pub tensor_split: Option<TensorSplit>,
     /// MLX's distributed backend
     #[arg(long, env = "SAFEMLX_DIST_BACKEND", default_value = "ring")]
     pub backend: String,
@@ -115,12 +132,13 @@ impl ModelArgs {
         ))
     }
 
-    /// Loads this rank's part of the model; rank 0 says how its weights
-    /// are held and how to choose the other way.
+    /// Loads this rank's part of the model as the mesh splits it: rank 0
+    /// says how its weights are held and how to choose the other way, and
+    /// with several ranks every rank says what it holds.
     ///
     /// # Errors
-    /// The model's reading errors.
-    pub fn load(&self, group: &Group, s: &Stream) -> Result<Loaded, String> {
+    /// The layout's and the model's reading errors.
+    pub fn load(&self, group: &Group, s: &Stream) -> Result<Placed, String> {
         let path = self.path()?;
         let experts = match self.experts {
             Experts::Parallel => ExpertPlacement::ExpertParallel,
@@ -134,17 +152,21 @@ impl ModelArgs {
             Weights::AsStored => Storage::AsStored,
             Weights::Auto => Storage::FloatUpTo(available.map_or(0, |a| a / 2)),
         };
-        let loaded = load_with(
-            group,
-            &path,
-            LoadOptions {
-                weights,
-                experts,
-                tensor_split: None,
-            },
-            s,
-        )
-        .map_err(|e| e.to_string())?;
+        let layout = Layout {
+            mesh: self.mesh.unwrap_or_default(),
+            split: self.split.clone(),
+            tensor_split: self.tensor_split.clone(),
+        };
+        let options = LoadOptions {
+            weights,
+            experts,
+            tensor_split: None,
+        };
+        let placed = load_layout(group, &path, options, &layout, s).map_err(|e| e.to_string())?;
+        for note in &placed.notes {
+            eprintln!("safemlx: {note}");
+        }
+        let loaded = &placed.loaded;
         let float = loaded.model.config().float_bytes();
         let available = available.map_or_else(|| "unknown memory".to_owned(), mib);
         let quantized = loaded.model.is_quantized();
@@ -161,17 +183,26 @@ impl ModelArgs {
             ),
             (Weights::AsStored, false) => "as stored (float)".to_owned(),
         };
-        if group.size() > 1 {
-            said.push_str(&format!(", split over {} ranks", group.size()));
+        let (rank, n) = (group.rank(), group.size());
+        if n > 1 {
+            said.push_str(&format!(", split over {n} ranks ({})", placed.axes));
         }
-        if group.rank() == 0 {
+        if rank == 0 {
             eprintln!(
                 "safemlx: {} loaded in {:.1} s; weights {said}",
                 path.display(),
                 started.elapsed().as_secs_f64()
             );
         }
-        Ok(loaded)
+        if n > 1 {
+            eprintln!(
+                "safemlx: rank {rank}/{n}: {}; read {} of weights, holds {}",
+                loaded.model.holds(),
+                mib(loaded.weights.bytes_read()),
+                mib(loaded.model.weight_bytes() as u64)
+            );
+        }
+        Ok(placed)
     }
 }
 

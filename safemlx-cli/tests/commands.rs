@@ -1,6 +1,6 @@
-//! `safemlx generate` and `safemlx chat` on SmolLM2, alone and as 2 ranks
-//! under `safemlx-launch` (whose stdin reaches rank 0); bad options name
-//! the flag.
+//! `safemlx generate` and `safemlx chat` on SmolLM2, alone, as 2 ranks
+//! under `safemlx-launch` (whose stdin reaches rank 0) and as 2 pipeline
+//! stages (`--mesh pp=2`); bad options name the flag.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -47,11 +47,11 @@ fn text(out: &Output) -> String {
 }
 
 #[test]
-fn generate_and_a_two_turn_chat_answer_alone_and_on_two_ranks() {
+fn generate_and_a_two_turn_chat_answer_alone_on_two_ranks_and_two_stages() {
     let path = model();
     let path = path.to_str().unwrap();
-    for ranks in [1, 2] {
-        let args = [
+    for (ranks, layout) in [(1, &[][..]), (2, &[]), (2, &["--mesh", "pp=2"])] {
+        let mut args = vec![
             "generate",
             "--model",
             path,
@@ -60,6 +60,7 @@ fn generate_and_a_two_turn_chat_answer_alone_and_on_two_ranks() {
             "--max-tokens",
             "12",
         ];
+        args.extend(layout);
         let out = safemlx(ranks, &args, "");
         assert!(out.status.success(), "{}", text(&out));
         assert!(
@@ -72,8 +73,17 @@ fn generate_and_a_two_turn_chat_answer_alone_and_on_two_ranks() {
             "{}",
             text(&out)
         );
+        if !layout.is_empty() {
+            // Every rank says what it holds.
+            assert!(
+                text(&out).contains("rank 1/2: stage 1 of 2, layers 15..30; query heads 0..9"),
+                "{}",
+                text(&out)
+            );
+        }
         // The second question needs the first: the conversation is kept.
-        let chat = ["chat", "--model", path, "--max-tokens", "16"];
+        let mut chat = vec!["chat", "--model", path, "--max-tokens", "16"];
+        chat.extend(layout);
         let out = safemlx(
             ranks,
             &chat,
@@ -140,6 +150,21 @@ fn bad_options_name_the_flag() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         text(&out).contains("deepseek-v3: latent attention (DeepSeek-V3) does not run on the server's slot cache yet; `safemlx generate` and `safemlx chat` run it"),
+        "{}",
+        text(&out)
+    );
+    // A layout that does not fit the run stops before any weight is read.
+    let out = safemlx(1, &["generate", "--prompt", "x", "--mesh", "pp=3"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--mesh pp=3 needs 3 ranks (3 x 1) but the run has 1; launch it with -n 3 or change the axes"),
+        "{}",
+        text(&out)
+    );
+    let out = safemlx(1, &["serve", "--port", "0", "--split", "3:1"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--split 3:1 divides the layers into pipeline stages, but the mesh pp=1,tp=1 has one stage; give --mesh pp=P too"),
         "{}",
         text(&out)
     );

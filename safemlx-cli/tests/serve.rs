@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::{curl, open_stream, post, streamed, Server};
+use common::{batched, curl, open_stream, openai, post, Server};
 
 const QUESTIONS: [&str; 16] = [
     "The capital of France is",
@@ -91,31 +90,9 @@ fn one_and_two_ranks_answer_curl_and_the_openai_client_alone_and_batched() {
                 body["choices"][0]["text"].as_str().unwrap().to_owned()
             })
             .collect();
-        let together: Vec<String> = std::thread::scope(|scope| {
-            let handles: Vec<_> = QUESTIONS
-                .iter()
-                .map(|q| {
-                    scope.spawn(move || {
-                        let mut body = completion(q);
-                        body["stream"] = json!(true);
-                        let (status, text) = curl(
-                            port,
-                            "POST",
-                            "/v1/completions",
-                            Some(&body.to_string()),
-                            &[],
-                        );
-                        assert_eq!(status, 200, "{text}");
-                        streamed(&text)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let together = batched(port, &QUESTIONS, 16);
         assert_eq!(together, alone, "{ranks} ranks: batched and alone");
         // OpenAI's client, whole and streamed.
-        let python = std::env::var("SAFEMLX_OPENAI_PYTHON")
-            .expect("SAFEMLX_OPENAI_PYTHON: cargo xtask test makes the environment");
         let script = r#"
 import json, sys, openai
 client = openai.OpenAI(base_url=sys.argv[1], api_key="none")
@@ -127,21 +104,7 @@ models = [m.id for m in client.models.list()]
 print(json.dumps({"whole": whole.choices[0].message.content, "streamed": "".join(parts),
                   "usage": whole.usage.completion_tokens, "models": models}))
 "#;
-        let out = Command::new(python)
-            .args([
-                "-c",
-                script,
-                &server.url(),
-                "SmolLM2-135M-Instruct.Q4_1.gguf",
-            ])
-            .output()
-            .expect("python");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let answer: Value = serde_json::from_slice(&out.stdout).expect("the script's JSON");
+        let answer = openai(script, &[&server.url(), "SmolLM2-135M-Instruct.Q4_1.gguf"]);
         assert_eq!(answer["whole"], content.as_str(), "{ranks} ranks");
         assert_eq!(answer["streamed"], content.as_str(), "{ranks} ranks");
         assert_eq!(answer["models"], json!(["SmolLM2-135M-Instruct.Q4_1.gguf"]));

@@ -17,6 +17,7 @@ use safemlx::Stream;
 use safemlx_dist::generate::Sampler;
 use safemlx_dist::models::Llama;
 use safemlx_dist::tokenizer::{TextStream, Tokenizer};
+use safemlx_dist::typed::StageLink;
 use safemlx_dist::Group;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
@@ -103,7 +104,8 @@ impl Sequence<'_> {
 
 /// Rank 0's loop: takes requests until `requests` closes (and nothing
 /// runs) or `shutdown` is set (open requests end with a 503), then tells
-/// every rank to stop.
+/// every rank to stop. `group` is the world; `link`, the pipeline's
+/// boundaries when the model is a stage.
 ///
 /// # Errors
 /// A collective's or the model's error; every open request gets it too.
@@ -113,7 +115,7 @@ pub fn lead<'t>(
     settings: Settings,
     requests: &Receiver<Request>,
     shutdown: &watch::Receiver<bool>,
-    group: &Group,
+    (group, link): (&Group, Option<&StageLink>),
     s: &Stream,
 ) -> Result<(), String> {
     let mut slots = Slots::new(model, settings.bounds.slots);
@@ -170,7 +172,7 @@ pub fn lead<'t>(
             work: batch(&seqs, settings.bounds.chunk),
         };
         let step = share(Some(&plan), settings.bounds, group, s)
-            .and_then(|plan| slots.run(model, &plan, true, s));
+            .and_then(|plan| slots.run(model, &plan, (true, link), s));
         let rows = match step {
             Ok(rows) => rows,
             Err(e) => {
@@ -207,18 +209,24 @@ const STOP: Plan = Plan {
     work: Vec::new(),
 };
 
-/// A follower's loop: runs rank 0's plans until it says stop.
+/// A follower's loop: runs rank 0's plans (over the world `group`) until
+/// it says stop, on its stage when `link` joins the pipeline's.
 ///
 /// # Errors
 /// A collective's or the model's error, or a plan that does not decode.
-pub fn follow(model: &Llama, bounds: Bounds, group: &Group, s: &Stream) -> Result<(), String> {
+pub fn follow(
+    model: &Llama,
+    bounds: Bounds,
+    (group, link): (&Group, Option<&StageLink>),
+    s: &Stream,
+) -> Result<(), String> {
     let mut slots = Slots::new(model, bounds.slots);
     loop {
         let plan = share(None, bounds, group, s)?;
         if plan.stop {
             return Ok(());
         }
-        slots.run(model, &plan, false, s)?;
+        slots.run(model, &plan, (false, link), s)?;
     }
 }
 

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use safemlx_dist::{collective_timeout, init};
+use safemlx::{Array, Stream};
+use safemlx_dist::{all_max, collective_timeout, eval, init, Group};
 
 use crate::model_args::{cpu_stream, ModelArgs};
 use engine::Settings;
@@ -99,7 +100,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if listener.is_none() {
         ignore_stop_signals();
     }
-    let loaded = args.model.load(&group, &s)?;
+    let placed = args.model.load(&group, &s)?;
+    let (loaded, link) = (&placed.loaded, placed.link.as_ref());
     let model = &loaded.model;
     if model.config().mla.is_some() {
         // Every rank reads the same config.json and stops here.
@@ -108,8 +110,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             args.model.path()?.display()
         ));
     }
+    // The KV cache of one token on the rank that holds the most (a stage
+    // of more layers, a rank of more KV heads): one all_gather, every rank.
+    let cache_bytes_per_token = most_over(&group, model.cache_bytes_per_token(), &s)?;
     let Some(listener) = listener else {
-        return engine::follow(model, bounds, &group, &s);
+        return engine::follow(model, bounds, (&group, link), &s);
     };
     // Every rank has its part of the model before /health answers: the
     // followers' loop takes this empty plan first.
@@ -117,7 +122,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let config = model.config();
     // Sliding layers mask their window over the slots' full context.
     let context = config.max_position_embeddings;
-    let kv_heads = config.kv_heads.div_ceil(group.size()).max(1);
     let settings = Settings {
         bounds,
         context,
@@ -125,7 +129,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         heartbeat: (collective_timeout().map_err(|e| e.to_string())? / 4)
             .min(Duration::from_secs(2)),
         max_cache: args.max_cache.saturating_mul(1 << 20),
-        cache_bytes_per_token: 2 * config.layers * kv_heads * config.head_dim * 4,
+        cache_bytes_per_token,
         prompt_cache: !args.no_prompt_cache,
     };
     let name = match &args.model_id {
@@ -161,8 +165,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot start the HTTP thread: {e}"))?
     };
     eprintln!(
-        "safemlx serve: {name} on http://{address}/v1 ({} ranks; up to {} sequences at once, prefill chunk {}, context {context})",
+        "safemlx serve: {name} on http://{address}/v1 ({} ranks, {}; up to {} sequences at once, prefill chunk {}, context {context})",
         group.size(),
+        placed.axes,
         bounds.slots,
         bounds.chunk
     );
@@ -172,7 +177,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         settings,
         &queue,
         &stopping,
-        &group,
+        (&group, link),
         &s,
     );
     drop(queue);
@@ -192,6 +197,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
     }
     served
+}
+
+/// The largest of every rank's `mine` (one `all_max` over `group`).
+///
+/// # Errors
+/// A value beyond `i32`, or the collective's error.
+fn most_over(group: &Group, mine: usize, s: &Stream) -> Result<usize, String> {
+    let err = |e: safemlx_dist::Error| e.to_string();
+    let mine = i32::try_from(mine).map_err(|_| format!("{mine} bytes per token exceed i32"))?;
+    let most = all_max(&Array::from_slice(&[mine], &[1]), group, s).map_err(err)?;
+    eval(&[&most]).map_err(err)?;
+    let most = most
+        .into_evaluated()
+        .map_err(|e| e.to_string())?
+        .try_to_vec::<i32>()
+        .map_err(|e| format!("cannot read the cache sizes: {e}"))?;
+    Ok(most.first().map_or(0, |&m| usize::try_from(m).unwrap_or(0)))
 }
 
 /// A follower leaves when rank 0's last plan says so: the SIGTERM or SIGINT

@@ -211,3 +211,48 @@ pub fn open_stream(
     );
     (client, lines)
 }
+
+/// The texts of `prompts` sent at once as streamed greedy completions of
+/// `max_tokens` (one batch), in order.
+pub fn batched(port: u16, prompts: &[&str], max_tokens: usize) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|q| {
+                scope.spawn(move || {
+                    let body = json!({"prompt": q, "max_tokens": max_tokens,
+                        "temperature": 0, "stream": true});
+                    let (status, text) = curl(
+                        port,
+                        "POST",
+                        "/v1/completions",
+                        Some(&body.to_string()),
+                        &[],
+                    );
+                    assert_eq!(status, 200, "{text}");
+                    streamed(&text)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// What `script` prints as JSON, run by the Python environment that has
+/// OpenAI's client (`SAFEMLX_OPENAI_PYTHON`) with `args`.
+pub fn openai(script: &str, args: &[&str]) -> Value {
+    let python = std::env::var("SAFEMLX_OPENAI_PYTHON")
+        .expect("SAFEMLX_OPENAI_PYTHON: cargo xtask test makes the environment");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script's JSON")
+}

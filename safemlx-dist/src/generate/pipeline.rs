@@ -87,7 +87,7 @@ pub fn generate_stages(
         let (rows, last_chunk) = match link.receive(width, Dtype::Float32, s)? {
             StageMessage::Stop => break,
             StageMessage::Hidden { rows, last_chunk } => (rows, last_chunk),
-            StageMessage::Token(_) => unreachable_token()?,
+            StageMessage::Token(_) | StageMessage::Logits(_) => unreachable_token()?,
         };
         let rows = model.forward_stage(StageInput::Hidden(rows), cache, s)?;
         if !stage.is_last() {
@@ -186,8 +186,8 @@ fn receive_token(link: &StageLink, model: &Llama, s: &Stream) -> Result<u32> {
     }
 }
 
-/// [`StageLink::receive`] gives stage 0 only tokens and the others only
-/// rows or the end.
+/// [`StageLink::receive`] gives stage 0 only tokens (or a server's logits)
+/// and the others only rows or the end.
 fn unreachable_token<T>() -> Result<T> {
     Err(Error::Shape(
         "a pipeline stage got a message of the wrong kind".to_owned(),

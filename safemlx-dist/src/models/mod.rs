@@ -26,6 +26,7 @@ mod config_rope;
 mod deepseek_v3;
 mod glm4_moe;
 mod gpt_oss;
+mod layout;
 pub mod llama;
 mod phi3;
 mod stage_memory;
@@ -36,6 +37,7 @@ use std::path::{Path, PathBuf};
 use safemlx::Stream;
 
 pub use config::{ExpertLayout, Family, LlamaConfig, MlaSettings, MoeSettings, RopeScaling};
+pub use layout::{load_layout, Layout, Placed, StageSplit, TensorSplit};
 pub use llama::{Llama, StageInput};
 pub use stage_memory::{
     available_memory, memory_reports, parse_memory, split_by_memory, MEMORY_ENV,

@@ -40,6 +40,28 @@ impl Llama {
         cache: &mut SlotCache,
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
+        let x = self.forward_stage_slots(batch, None, cache, s)?;
+        self.last_slot_logits(&x, batch, s)
+    }
+
+    /// One step of a server's batch through this rank's layers (a
+    /// pipeline stage's, or all of them) on the slots of `cache`, as
+    /// [`forward_last_slots`](Self::forward_last_slots) runs them: the
+    /// first stage embeds the batch's tokens (`hidden` is `None`), a later
+    /// stage takes the previous stage's output, one row per token of the
+    /// batch in order. Returns this stage's output rows, `[T, D]`.
+    ///
+    /// # Errors
+    /// Those of [`forward_last_slots`](Self::forward_last_slots); hidden
+    /// rows on the first stage or none on another, or rows that are not
+    /// one per token of the batch, `[T, D]`.
+    pub fn forward_stage_slots(
+        &self,
+        batch: &[(usize, &[u32])],
+        hidden: Option<ShardedArray<Replicated>>,
+        cache: &mut SlotCache,
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
         if batch.is_empty() || cache.layers() != self.layers.len() {
             return Err(Error::Shape(format!(
                 "the model of {} layers got {} sequences on a slot cache of {} layers",
@@ -51,8 +73,33 @@ impl Llama {
         // Sliding layers mask their window; the slots keep every position.
         let rows = cache.rows(batch, None)?;
         let all: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let x = match (hidden, self.stage.is_first()) {
+            (None, true) => self.embed_tokens(&all, s)?,
+            (Some(x), false) => {
+                let want = [all.len(), self.config.hidden_size];
+                let shape: Vec<usize> = x.global_shape().iter().map(|&d| d as usize).collect();
+                if shape != want {
+                    return Err(Error::Shape(format!(
+                        "stage {} got hidden rows of shape {shape:?} for a batch of {} tokens; it takes {want:?}",
+                        self.stage.index,
+                        all.len()
+                    )));
+                }
+                x
+            }
+            (hidden, _) => {
+                return Err(Error::Shape(format!(
+                    "stage {} of {} {}",
+                    self.stage.index,
+                    self.stage.count,
+                    match hidden {
+                        Some(_) => "embeds the batch's tokens; it got hidden rows",
+                        None => "takes the previous stage's rows; it got none",
+                    }
+                )))
+            }
+        };
         let slots = cache.slots();
-        let x = self.embed_tokens(&all, s)?;
         let x = self.layers_with(x, s, |i, attention, x| match attention {
             Attention::Gqa(a) => a.forward_slots(x, cache.layer_mut(i), &rows, slots, s),
             Attention::Mla(_) => Err(Error::Model {
@@ -61,8 +108,24 @@ impl Llama {
             }),
         })?;
         cache.advance(&rows);
-        let lens: Vec<usize> = rows.iter().map(|r| r.len).collect();
-        self.last_logits(&x, &lens, s)
+        Ok(x)
+    }
+
+    /// On the last stage, the logits of each sequence's last token of a
+    /// step's output rows `x` (what
+    /// [`forward_stage_slots`](Self::forward_stage_slots) returned for
+    /// `batch`), `[B, V]`: this rank's vocabulary columns.
+    ///
+    /// # Errors
+    /// A stage other than the last, or an MLX error.
+    pub fn last_slot_logits(
+        &self,
+        x: &ShardedArray<Replicated>,
+        batch: &[(usize, &[u32])],
+        s: &Stream,
+    ) -> Result<ShardedArray<Sharded<1>>> {
+        let lens: Vec<usize> = batch.iter().map(|(_, t)| t.len()).collect();
+        self.last_logits(x, &lens, s)
     }
 
     /// `slots` empty slots for [`forward_last_slots`](Self::forward_last_slots).

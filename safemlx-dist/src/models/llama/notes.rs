@@ -46,3 +46,42 @@ pub(in crate::models) fn load_notes(group: &Group, dir: &HfDirectory, model: &Ll
         eprintln!("model {path}: {note}");
     }
 }
+
+impl Llama {
+    /// What this rank holds, for its startup line: its stage and layers
+    /// (in a pipeline), query and KV heads, MLP columns and experts, e.g.
+    /// `stage 1 of 2, layers 15..30; query heads 0..5, KV heads 0..2, MLP
+    /// columns 0..768`.
+    pub fn holds(&self) -> String {
+        let stage = &self.stage;
+        let layers = if stage.is_whole() {
+            String::new()
+        } else {
+            format!(
+                "stage {} of {}, layers {}..{}; ",
+                stage.index, stage.count, stage.layers.start, stage.layers.end
+            )
+        };
+        let heads = self
+            .head_split()
+            .map(|h| {
+                format!(
+                    "query heads {}..{}, KV heads {}..{}",
+                    h.query.0,
+                    h.query.0 + h.query.1,
+                    h.kv.0,
+                    h.kv.0 + h.kv.1
+                )
+            })
+            .unwrap_or_default();
+        let hidden = self
+            .mlp_hidden()
+            .map(|(first, count)| format!(", MLP columns {first}..{}", first + count))
+            .unwrap_or_default();
+        let experts = self
+            .held_experts()
+            .map(|(first, count)| format!(", experts {first}..{}", first + count))
+            .unwrap_or_default();
+        format!("{layers}{heads}{hidden}{experts}")
+    }
+}

@@ -25,6 +25,8 @@
 //! Each send and receive is evaluated at once and bounded by
 //! `SAFEMLX_DIST_TIMEOUT` like a collective.
 
+mod training;
+
 use std::cell::Cell;
 
 use safemlx::{Array, Dtype, Stream};
@@ -39,6 +41,7 @@ const STOP: i32 = 0;
 const HIDDEN: i32 = 1;
 const TOKEN: i32 = 2;
 const GRADIENT: i32 = 3;
+const LOGITS: i32 = 4;
 
 /// What crossed a boundary.
 #[derive(Debug)]
@@ -53,6 +56,9 @@ pub enum StageMessage {
     },
     /// The token the last stage sampled (received by the first stage).
     Token(u32),
+    /// Logits the last stage computed, `[B, V]` (received by the first
+    /// stage, whose rank 0 samples them: a server's batch).
+    Logits(ShardedArray<Replicated>),
     /// The generation ended; pass it on and stop.
     Stop,
 }
@@ -164,6 +170,24 @@ impl StageLink {
         self.send_header([TOKEN, 0, 0, 0, 0, 1, token], s)
     }
 
+    /// Sends `logits`, `[B, V]` over the vocabulary (gathered: replicated
+    /// over this stage's ranks), from the last stage to the first.
+    ///
+    /// # Errors
+    /// A stage other than the last, logits that are not `[B, V]`, or the
+    /// transport's error.
+    pub fn send_logits(&self, logits: &ShardedArray<Replicated>, s: &Stream) -> Result<()> {
+        if !self.is_last() {
+            return Err(Error::Shape("only the last stage sends logits".to_owned()));
+        }
+        let (b, v, dtype) = rows_header(logits)?;
+        if !self.is_exit() {
+            return runtime::eval(&[logits.local()]);
+        }
+        self.send_header([LOGITS, 0, b, v, dtype, 1, -1], s)?;
+        self.send_payload(logits.local(), self.next(), s)
+    }
+
     /// Sends the end of the generation to the next stage (none after the
     /// last).
     ///
@@ -187,124 +211,14 @@ impl StageLink {
         &self.tensor
     }
 
-    /// Training: sends the gradient of this stage's input rows back to the
-    /// previous stage.
-    ///
-    /// # Errors
-    /// The first stage (no stage before it), stages of several ranks on a
-    /// backend that cannot split (ring), rows that are not `[T, D]`, or the
-    /// transport's error.
-    pub fn send_gradient(&self, rows: &ShardedArray<Replicated>, s: &Stream) -> Result<()> {
-        self.trainable()?;
-        if self.stage() == 0 {
-            return Err(Error::Shape(
-                "the first stage has no stage before it to send a gradient to".to_owned(),
-            ));
-        }
-        let (t, d, dtype) = rows_header(rows)?;
-        if !self.is_entry() {
-            // The stage's entry sends it; the others' gradients are the
-            // same rows, computed with the stage's collectives.
-            return runtime::eval(&[rows.local()]);
-        }
-        let header = [GRADIENT, 0, t, d, dtype, 1, -1];
-        self.send_header_to(self.previous(), &self.sent_back, header, s)?;
-        self.send_payload(rows.local(), self.previous(), s)
-    }
-
-    /// Training: the gradient of this stage's output rows from the next
-    /// stage, `[T, width]` of `dtype`, checked on its header first.
-    ///
-    /// # Errors
-    /// The last stage, stages of several ranks on ring, a header that is not the
-    /// gradient expected (named), or the transport's error.
-    pub fn receive_gradient(&self, width: usize, dtype: Dtype, s: &Stream) -> Result<Array> {
-        self.trainable()?;
-        if self.is_last() {
-            return Err(Error::Shape(
-                "the last stage has no stage after it to receive a gradient from".to_owned(),
-            ));
-        }
-        let from = self.next();
-        let pass = |a: &Array| self.pass_back(a, s);
-        let (header, expected) = self.receive_header(from, &self.received_back, pass, s)?;
-        let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
-        match header[..] {
-            [GRADIENT, seq, t, d, code, _, _]
-                if seq == expected && t >= 1 && (Some(d), code) == want =>
-            {
-                self.receive_rows([t, d], dtype, from, pass, s)
-            }
-            _ => Err(self.mismatch(
-                from,
-                &format!("gradient #{expected} of [T, {width}] {dtype:?} rows"),
-                &format!("{header:?}"),
-            )),
-        }
-    }
-
-    /// Training: adds nothing, but exchanges `mine` between the first and
-    /// the last stage's ranks of the same tensor-parallel rank (neighbours
-    /// over the ring's wrap with one rank per stage), which hold the same
-    /// part of the tied embedding: returns the other end's array, of
-    /// `mine`'s shape and dtype.
-    ///
-    /// # Errors
-    /// A stage between them, stages of several ranks on ring, or the transport's
-    /// error.
-    pub fn exchange_with_other_end(&self, mine: &Array, s: &Stream) -> Result<Array> {
-        self.trainable()?;
-        let first = self.stage() == 0;
-        if !first && !self.is_last() {
-            return Err(Error::Shape(format!(
-                "stage {} is neither end of the pipeline; only the first and last exchange",
-                self.stage()
-            )));
-        }
-        // The same tensor-parallel rank at the other end (the ring's wrap
-        // with one rank per stage). The first stage sends, then receives;
-        // the last receives, then sends (an order that pairs up on MPI too).
-        let (pp, tp) = (self.stages(), self.tensor.size());
-        let other = [if first { pp - 1 } else { 0 }, self.tensor.rank()];
-        let peer = (0..pp * tp)
-            .find(|&r| crate::runtime::mesh_coords(r, &[pp, tp]) == other)
-            .ok_or_else(|| Error::Shape("no rank at the pipeline's other end".to_owned()))?;
-        let receive = || -> Result<Array> {
-            self.world.enter_point_to_point("stage_recv", mine);
-            let theirs = runtime::recv_like(mine, peer, &self.world, s)?;
-            runtime::eval(&[&theirs])?;
-            Ok(theirs)
-        };
-        if first {
-            self.send_payload(mine, peer, s)?;
-            receive()
-        } else {
-            let theirs = receive()?;
-            self.send_payload(mine, peer, s)?;
-            Ok(theirs)
-        }
-    }
-
-    /// Training needs the stage's tensor-parallel collectives to have
-    /// gradient rules: one rank per stage, or MLX's own groups (MPI, NCCL).
-    pub(crate) fn trainable(&self) -> Result<()> {
-        if self.tensor.size() == 1 || self.tensor.route() == "mlx" {
-            return Ok(());
-        }
-        Err(Error::Setting(format!(
-            "training through pipeline stages of {} tensor-parallel ranks needs MPI or NCCL: on {} a stage's subgroup is composed of send/recv, which has no gradient rule",
-            self.tensor.size(),
-            self.world.backend()
-        )))
-    }
-
     /// Whether this rank is its stage's first on the ring (its entry).
     fn is_entry(&self) -> bool {
         self.world.rank() % self.tensor.size() == 0
     }
 
     /// The next message from the previous stage, whose rows must be
-    /// `[T, width]` of `dtype`: checked on the header before the rows move.
+    /// `[T, width]` of `dtype` (on the first stage, logits: `width` is the
+    /// vocabulary): checked on the header before the rows move.
     ///
     /// # Errors
     /// A header that is not what this stage can receive there (its
@@ -330,7 +244,7 @@ impl StageLink {
             (TOKEN, true) => u32::try_from(token)
                 .map(StageMessage::Token)
                 .map_err(|_| self.mismatch(from, "a token id", &token.to_string())),
-            (HIDDEN, false) => {
+            (HIDDEN, false) | (LOGITS, true) => {
                 let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
                 if t < 1 || (Some(d), code) != want {
                     return Err(self.mismatch(
@@ -340,30 +254,25 @@ impl StageLink {
                     ));
                 }
                 let received = self.receive_rows([t, d], dtype, from, pass, s)?;
-                Ok(StageMessage::Hidden {
-                    rows: ShardedArray::from_local(received, &self.tensor, &[t, d])?,
-                    last_chunk: last != 0,
+                let rows = ShardedArray::from_local(received, &self.tensor, &[t, d])?;
+                Ok(match kind {
+                    LOGITS => StageMessage::Logits(rows),
+                    _ => StageMessage::Hidden {
+                        rows,
+                        last_chunk: last != 0,
+                    },
                 })
             }
             _ => Err(self.mismatch(
                 from,
                 if from_last {
-                    "a token"
+                    "a token or logits"
                 } else {
                     "hidden rows or the end"
                 },
                 &format!("a message of kind {kind}"),
             )),
         }
-    }
-
-    /// Training: passes a gradient this rank received on to the previous
-    /// rank of its stage (none from the stage's entry).
-    fn pass_back(&self, received: &Array, s: &Stream) -> Result<()> {
-        if self.is_entry() {
-            return Ok(());
-        }
-        self.send_payload(received, self.previous(), s)
     }
 
     /// Passes what this rank received on to the next rank of its stage.
