@@ -18,8 +18,8 @@
 //! ranks are `R` replicas of the model split over `N / R` ranks each; each
 //! replica takes its own window per step and the gradients are averaged
 //! over the replicas (`grad::average_gradients`).
-//! With `--mesh pp=P` (`-n P`) the layers are split into P pipeline stages
-//! of one rank each and each step takes M windows as GPipe micro-batches
+//! With `--mesh pp=P[,tp=T]` (`-n P*T`) the layers are split into P
+//! pipeline stages of T tensor-parallel ranks each and each step takes M windows as GPipe micro-batches
 //! through them (`train/pipeline.rs`); `--mesh pp=1` on one rank is the
 //! same schedule in one process, the dense reference of its loss curve.
 //! `--tensor-split 5:3` gives the tensor-parallel ranks (of each stage)
@@ -198,7 +198,7 @@ fn groups(world: Group, replicas: usize) -> Result<Groups, String> {
 }
 
 fn run() -> Result<(), String> {
-    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--mesh", Some("pp=P"), "Pipeline stages, one rank each"), ("--micro-batches", Some("M"), "Windows per step through the pipeline (4)"), ("--tensor-split", Some("W1:W2:.."), "Heads and hidden columns per tensor-parallel rank in proportion to these weights"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
+    safemlx_dist_examples::command_line("train", "Trains a tiny Llama-family model tensor parallel (and data parallel on MPI) on a generated corpus", &[safemlx_dist_examples::BACKEND, ("--steps", Some("N"), "Training steps"), ("--lr", Some("LR"), "Learning rate"), ("--seq", Some("T"), "Sequence length"), ("--width", Some("D"), "Model width"), ("--hidden", Some("H"), "MLP width"), ("--layers", Some("L"), "Layers"), ("--data-parallel", Some("R"), "Replicas (MPI)"), ("--mesh", Some("pp=P[,tp=T]"), "Pipeline stages of T ranks each"), ("--micro-batches", Some("M"), "Windows per step through the pipeline (4)"), ("--tensor-split", Some("W1:W2:.."), "Heads and hidden columns per tensor-parallel rank in proportion to these weights"), ("--out", Some("DIR"), "Where checkpoints, losses and loss.png go"), ("--resume", None, "Resume from the checkpoints in --out"), ("--bench", Some("FILE"), "Write tokens/s and the collective share to FILE")]);
     let s = cpu_stream();
     let backend = backend_from_args()?;
     let world = safemlx_dist::init(false, backend).map_err(err)?;

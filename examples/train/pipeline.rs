@@ -1,5 +1,5 @@
 //! `train --mesh pp=P[,tp=T]`: the model split into P pipeline stages of T
-//! ranks (T > 1 needs MPI), each step GPipe's `--micro-batches M` windows
+//! ranks (ring or MPI), each step GPipe's `--micro-batches M` windows
 //! through the stages
 //! (`train::value_and_grad_stages`), the gradient clipped over every
 //! stage, an AdamW step per stage.

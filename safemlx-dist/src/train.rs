@@ -37,9 +37,8 @@ use crate::typed::{Replicated, Sharded, ShardedArray, StageLink, StageMessage};
 ///
 /// # Errors
 /// No micro-batch or an empty one, a model that is not this rank's
-/// stage, stages of several ranks on a backend that cannot split (ring:
-/// their subgroups' collectives have no gradient rule), the model's or the
-/// loss's errors, or a boundary's.
+/// stage, the model's or the loss's errors (an expert-parallel MoE's
+/// `all_to_all_v` on a ring subgroup has no gradient), or a boundary's.
 pub fn value_and_grad_stages<F>(
     model: &Llama,
     link: &StageLink,
@@ -52,7 +51,6 @@ where
 {
     let stage = model.stage().clone();
     stage.expect_place(link.stage(), link.stages())?;
-    link.trainable()?;
     if batches.is_empty() || batches.iter().any(|b| b.is_empty()) {
         return Err(Error::Shape(
             "pipeline training needs at least one micro-batch, none empty".to_owned(),

@@ -4,7 +4,8 @@
 //! parameters (the tied embedding's: the sum of its use as embedding and
 //! as LM head), and the last stage's loss equals the dense loss; on one
 //! stage (the same schedule in one process), 2 and 3 ring stages and 2 MPI
-//! stages, for a tied and an untied model.
+//! stages, for a tied and an untied model; and 2 stages of 2
+//! tensor-parallel ranks on MPI and on ring.
 
 use safemlx::{Array, Stream};
 use safemlx_dist::checkpoint::{HfDirectory, Weights};
@@ -175,8 +176,7 @@ fn norm_of(grads: &[Array], s: &Stream) -> f32 {
         .sqrt()
 }
 
-/// 2 stages of 2 tensor-parallel ranks under MPI (split groups, whose
-/// collectives have gradient rules): the loss and the norm over every
+/// 2 stages of 2 tensor-parallel ranks: the loss and the norm over every
 /// stage's gradient shards equal the dense ones.
 fn check_tensor_parallel_stages(world: &Group, case: &str) {
     let s = cpu();
@@ -208,44 +208,19 @@ fn check_tensor_parallel_stages(world: &Group, case: &str) {
 }
 
 #[test]
-fn stages_of_tensor_parallel_ranks_train_under_mpi_and_are_refused_on_ring() {
-    Ranks::new(4)
-        .backend(Backend::Mpi)
-        .run_test(|world| {
-            for (case, _) in CASES {
-                check_tensor_parallel_stages(world, case);
-            }
-        })
-        .unwrap_or_else(|e| panic!("2 x 2 on MPI: {e}"));
-    Ranks::new(4)
-        .backend(Backend::Ring)
-        .run_test(|world| {
-            let s = cpu();
-            let mesh = DeviceMesh::new(world, &[("pp", 2), ("tp", 2)]).unwrap();
-            let link = StageLink::new(&mesh).unwrap();
-            let model = load_over(
-                mesh.axis("tp").unwrap(),
-                CASES[0].0,
-                Some((&LayerSplit::Even(2), link.stage())),
-                &s,
-            );
-            let error = value_and_grad_stages(
-                &model,
-                &link,
-                &[&[1, 2]],
-                |_, l| cross_entropy(l, &[3, 4], &s),
-                &s,
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(
-                error.starts_with(
-                    "training through pipeline stages of 2 tensor-parallel ranks needs MPI or NCCL"
-                ),
-                "{error}"
-            );
-        })
-        .unwrap_or_else(|e| panic!("2 x 2 on ring: {e}"));
+fn stages_of_tensor_parallel_ranks_train_on_mpi_and_ring() {
+    // On MPI each stage's ranks are a split MLX group; on ring a chain of
+    // send/recv whose collectives take MLX's gradient rules from ours.
+    for backend in [Backend::Mpi, Backend::Ring] {
+        Ranks::new(4)
+            .backend(backend)
+            .run_test(|world| {
+                for (case, _) in CASES {
+                    check_tensor_parallel_stages(world, case);
+                }
+            })
+            .unwrap_or_else(|e| panic!("2 x 2 on {backend}: {e}"));
+    }
 }
 
 #[test]

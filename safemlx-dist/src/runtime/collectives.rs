@@ -6,9 +6,9 @@
 
 use safemlx::{Array, Dtype, Stream};
 
-use super::chain::Chain;
 use super::composed::{self, Combine};
 use super::exchange;
+use super::gradient_rules;
 use super::group::Group;
 use super::lowering::{self, AllReducePlan, SumScatterPlan};
 use super::native::{self, Unary};
@@ -17,15 +17,8 @@ use super::profile;
 use super::validate;
 use crate::error::{Error, PeerRole, Result};
 
-/// The ring-neighbour subgroup `group` is, refused while a gradient is
-/// traced (its composition of `send`/`recv` has no gradient rule).
-fn untraced_path(group: &Group) -> Result<Option<&Chain>> {
-    match group.path() {
-        Some(_) if super::gradient_sum::is_tracing() => Err(Error::Setting(
-            "a gradient through a collective of a mesh axis composed of send/recv (ring, JACCL) is not supported; train on MPI or NCCL, whose axes are MLX groups".to_owned(),
-        )),
-        path => Ok(path),
-    }
+fn tracing() -> bool {
+    super::gradient_sum::is_tracing()
 }
 
 fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
@@ -36,49 +29,43 @@ fn reduce(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Ar
         _ => "all_reduce",
     };
     group.enter(name, input);
-    if let Some(chain) = untraced_path(group)? {
-        let combine = Combine::of(op).unwrap_or(Combine::Sum);
+    let combine = Combine::of(op).unwrap_or(Combine::Sum);
+    if let Some(chain) = group.path() {
+        let me = group.rank();
+        let composed = |x: &Array, c: Combine| path::all_reduce(chain, me, x, c, stream);
         return group.in_order(input, |input| {
-            profile::timed(input, || {
-                path::all_reduce(chain, group.rank(), input, combine, stream)
+            profile::timed(input, || match tracing() {
+                // The sum's and extremum's gradients of MLX's own groups.
+                true => gradient_rules::reduce(input, combine, composed, stream),
+                false => composed(input, combine),
             })
         });
     }
-    if super::gradient_sum::is_tracing() && !group.is_singleton() && op != Unary::AllSum {
-        return extremum_with_gradient(op, input, group, stream);
+    if tracing() && !group.is_singleton() && op != Unary::AllSum {
+        // MLX passes the gradient of an `AllReduce` through unchanged,
+        // right for a sum only.
+        return group.in_order(input, |input| {
+            let native = |x: &Array, c: Combine| {
+                let op = match c {
+                    Combine::Sum => Unary::AllSum,
+                    Combine::Max => Unary::AllMax,
+                    Combine::Min => Unary::AllMin,
+                };
+                native::unary(op, x, group.native()?, stream)
+            };
+            gradient_rules::reduce(input, combine, native, stream)
+        });
     }
     group.in_order(input, |input| {
         profile::timed(input, || reduce_untimed(op, input, group, stream))
     })
 }
 
-/// `all_max` / `all_min` while a gradient is traced: MLX passes the
-/// gradient of an `AllReduce` through unchanged, right for a sum only. Here
-/// the gradient goes to the elements equal to the result, split evenly
-/// between ties across ranks (one extra `all_sum` of the tie counts).
-fn extremum_with_gradient(
-    op: Unary,
-    input: &Array,
-    group: &Group,
-    stream: &Stream,
-) -> Result<Array> {
-    let s = stream;
-    let fixed = safemlx::stop_gradient(input, s)?;
-    let result = group.in_order(&fixed, |fixed| {
-        native::unary(op, fixed, group.native()?, stream)
-    })?;
-    let hit = fixed.eq(&result, s)?.as_dtype(input.dtype(), s)?;
-    let ties = native::unary(Unary::AllSum, &hit, group.native()?, s)?;
-    let share = hit.divide(&ties, s)?;
-    let zero = input.subtract(&fixed, s)?;
-    Ok(result.add(zero.multiply(&share, s)?, s)?)
-}
-
 fn reduce_untimed(op: Unary, input: &Array, group: &Group, stream: &Stream) -> Result<Array> {
     if group.is_singleton() {
         return Ok(input.clone());
     }
-    if super::gradient_sum::is_tracing() {
+    if tracing() {
         // MLX's `AllReduce` has the gradient of a replicated result; the
         // exchange and ring lowerings have none or a different one.
         return native::unary(op, input, group.native()?, stream);
@@ -136,11 +123,17 @@ pub fn all_gather(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> R
     }
     validate::all_gather(input.shape(), group.size())?;
     group.enter("all_gather", input);
-    let chain = untraced_path(group)?;
+    let s = stream.as_ref();
     group.in_order(input, |input| {
-        profile::timed(input, || match chain {
-            Some(chain) => path::all_gather(chain, group.rank(), input, stream.as_ref()),
-            None => native::unary(Unary::AllGather, input, group.native()?, stream.as_ref()),
+        profile::timed(input, || match group.path() {
+            Some(chain) if tracing() => gradient_rules::all_gather(
+                input,
+                (group.rank(), group.size()),
+                |x| path::all_gather(chain, group.rank(), x, s),
+                s,
+            ),
+            Some(chain) => path::all_gather(chain, group.rank(), input, s),
+            None => native::unary(Unary::AllGather, input, group.native()?, s),
         })
     })
 }
@@ -166,7 +159,7 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     validate::sum_scatter(input.shape(), group.size())?;
     group.enter("sum_scatter", input);
     let stream = stream.as_ref();
-    if let Some(chain) = untraced_path(group)? {
+    if let (Some(chain), false) = (group.path(), tracing()) {
         return group.in_order(input, |input| {
             profile::timed(input, || {
                 path::sum_scatter(chain, group.rank(), input, stream)
@@ -175,7 +168,7 @@ pub fn sum_scatter(input: &Array, group: &Group, stream: impl AsRef<Stream>) -> 
     }
     group.in_order(input, |input| {
         profile::timed(input, || {
-            let plan = if super::gradient_sum::is_tracing() {
+            let plan = if tracing() {
                 // The one lowering with a gradient rule everywhere.
                 SumScatterPlan::AllSumSlice
             } else {
@@ -228,7 +221,12 @@ pub fn all_to_all_v(
         return Ok(input.clone());
     }
     group.enter("all_to_all_v", input);
-    if let Some(chain) = untraced_path(group)? {
+    if let Some(chain) = group.path() {
+        if tracing() {
+            return Err(Error::Setting(
+                "a gradient through all_to_all_v on a mesh axis composed of send/recv (ring, JACCL) is not supported: train expert parallel on MPI or NCCL, or slice every expert (expert tensor parallel), whose sums have gradients everywhere".to_owned(),
+            ));
+        }
         return group.in_order(input, |input| {
             profile::timed(input, || {
                 path::all_to_all_v(

@@ -155,7 +155,11 @@ pub(crate) fn sum_scatter(input: &Array, group: &Group, s: &Stream) -> Result<Ar
 
 /// Sum-scatter along axis 0 as MLX's `all_sum`, then this rank's chunk.
 pub(crate) fn all_sum_then_slice(input: &Array, group: &Group, s: &Stream) -> Result<Array> {
-    let sum = native::unary(Unary::AllSum, input, group.native()?, s)?;
+    let sum = match group.path() {
+        // A subgroup of send/recv: its sum's gradient rule is ours.
+        Some(_) => super::all_sum(input, group, s)?,
+        None => native::unary(Unary::AllSum, input, group.native()?, s)?,
+    };
     // Each rank keeps a different slice: the gradient of the sum is the
     // sum of the ranks' padded slices (identity outside a gradient).
     let sum = super::gradient_sum::sum_gradients(&sum, group, s)?;

@@ -239,7 +239,7 @@ impl Group {
     /// return before reaching MLX.
     pub(crate) fn native(&self) -> Result<&NativeGroup> {
         let message = if self.path.is_some() {
-            "a mesh axis on a backend that cannot split (ring, JACCL) is composed of send/recv and has no MLX group: gradients through its collectives and splitting it need MPI or NCCL"
+            "a mesh axis on a backend that cannot split (ring, JACCL) is composed of send/recv and has no MLX group: splitting it needs MPI or NCCL"
         } else {
             "a local group (Group::local) has no MLX group"
         };

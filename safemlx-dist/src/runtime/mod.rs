@@ -11,6 +11,7 @@ pub(crate) mod contract;
 mod deadline;
 mod eval;
 mod exchange;
+mod gradient_rules;
 mod gradient_sum;
 mod group;
 mod join;

@@ -14,11 +14,9 @@ impl StageLink {
     /// previous stage.
     ///
     /// # Errors
-    /// The first stage (no stage before it), stages of several ranks on a
-    /// backend that cannot split (ring), rows that are not `[T, D]`, or the
-    /// transport's error.
+    /// The first stage (no stage before it), rows that are not `[T, D]`,
+    /// or the transport's error.
     pub fn send_gradient(&self, rows: &ShardedArray<Replicated>, s: &Stream) -> Result<()> {
-        self.trainable()?;
         if self.stage() == 0 {
             return Err(Error::Shape(
                 "the first stage has no stage before it to send a gradient to".to_owned(),
@@ -39,10 +37,9 @@ impl StageLink {
     /// stage, `[T, width]` of `dtype`, checked on its header first.
     ///
     /// # Errors
-    /// The last stage, stages of several ranks on ring, a header that is not the
+    /// The last stage, a header that is not the
     /// gradient expected (named), or the transport's error.
     pub fn receive_gradient(&self, width: usize, dtype: Dtype, s: &Stream) -> Result<Array> {
-        self.trainable()?;
         if self.is_last() {
             return Err(Error::Shape(
                 "the last stage has no stage after it to receive a gradient from".to_owned(),
@@ -73,10 +70,9 @@ impl StageLink {
     /// `mine`'s shape and dtype.
     ///
     /// # Errors
-    /// A stage between them, stages of several ranks on ring, or the transport's
+    /// A stage between them, or the transport's
     /// error.
     pub fn exchange_with_other_end(&self, mine: &Array, s: &Stream) -> Result<Array> {
-        self.trainable()?;
         let first = self.stage() == 0;
         if !first && !self.is_last() {
             return Err(Error::Shape(format!(
@@ -106,19 +102,6 @@ impl StageLink {
             self.send_payload(mine, peer, s)?;
             Ok(theirs)
         }
-    }
-
-    /// Training needs the stage's tensor-parallel collectives to have
-    /// gradient rules: one rank per stage, or MLX's own groups (MPI, NCCL).
-    pub(crate) fn trainable(&self) -> Result<()> {
-        if self.tensor.size() == 1 || self.tensor.route() == "mlx" {
-            return Ok(());
-        }
-        Err(Error::Setting(format!(
-            "training through pipeline stages of {} tensor-parallel ranks needs MPI or NCCL: on {} a stage's subgroup is composed of send/recv, which has no gradient rule",
-            self.tensor.size(),
-            self.world.backend()
-        )))
     }
 
     /// Training: passes a gradient this rank received on to the previous
