@@ -1,5 +1,6 @@
 //! Faults of a running server: a killed rank ends the run and its open
-//! stream; SIGTERM to the launcher ends the open stream with an error
+//! stream; a stopped pipeline stage ends the run within the timeout,
+//! named; SIGTERM to the launcher ends the open stream with an error
 //! event and stops every rank.
 
 mod common;
@@ -11,14 +12,10 @@ use serde_json::{json, Value};
 
 use common::{open_stream, Server};
 
-#[test]
-fn a_killed_rank_ends_the_open_stream_and_the_run() {
-    let mut server = Server::start(2, &[]);
-    let port = server.port;
-    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
-    let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
-    // Rank 1: the safemlx process of this port whose MLX_RANK is 1.
-    let rank1 = std::fs::read_dir("/proc")
+/// The safemlx process of the server on `port` whose MLX_RANK is `rank`.
+fn rank_pid(port: u16, rank: usize) -> i32 {
+    let want = format!("MLX_RANK={rank}");
+    std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .find(|pid| {
@@ -27,9 +24,48 @@ fn a_killed_rank_ends_the_open_stream_and_the_run() {
             let cmd = String::from_utf8_lossy(&cmd);
             cmd.starts_with(env!("CARGO_BIN_EXE_safemlx"))
                 && cmd.contains(&port.to_string())
-                && env.split(|&b| b == 0).any(|v| v == b"MLX_RANK=1")
+                && env.split(|&b| b == 0).any(|v| v == want.as_bytes())
         })
-        .expect("rank 1's process");
+        .unwrap_or_else(|| panic!("rank {rank}'s process"))
+}
+
+/// Stage 1 of `--mesh pp=2` stopped (SIGSTOP) while a stream decodes:
+/// rank 0's wait (at the stage boundary, or in the next plan's sum) ends
+/// within the timeout (5 s here) and the launcher ends the run naming the
+/// stopped rank.
+#[test]
+fn a_stopped_pipeline_stage_ends_the_run_naming_it() {
+    let mut server = Server::start_timeout(2, &["--mesh", "pp=2"], 5);
+    let port = server.port;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
+    let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
+    let rank1 = rank_pid(port, 1);
+    let stopped = Instant::now();
+    Command::new("kill")
+        .args(["-STOP", &rank1.to_string()])
+        .status()
+        .unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l == "data: [DONE]"));
+    let status = server.launcher.wait().unwrap();
+    let waited = stopped.elapsed();
+    let output = server.output();
+    assert!(!status.success(), "{output}");
+    assert!(waited < Duration::from_secs(30), "{waited:?}\n{output}");
+    assert!(
+        output.contains("rank 1 shows no sign of life for"),
+        "{output}"
+    );
+    client.wait().unwrap();
+}
+
+#[test]
+fn a_killed_rank_ends_the_open_stream_and_the_run() {
+    let mut server = Server::start(2, &[]);
+    let port = server.port;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
+    let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
+    let rank1 = rank_pid(port, 1);
     let killed = Instant::now();
     Command::new("kill")
         .args(["-9", &rank1.to_string()])

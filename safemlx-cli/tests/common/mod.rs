@@ -40,7 +40,13 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server whose collectives and stage boundaries time out after 20 s.
     pub fn start(ranks: usize, args: &[&str]) -> Self {
+        Self::start_timeout(ranks, args, 20)
+    }
+
+    /// A server with `SAFEMLX_DIST_TIMEOUT` set to `timeout` seconds.
+    pub fn start_timeout(ranks: usize, args: &[&str], timeout: u32) -> Self {
         let port = free_port();
         let exe = PathBuf::from(env!("CARGO_BIN_EXE_safemlx"));
         let launch = exe.with_file_name("safemlx-launch");
@@ -57,7 +63,7 @@ impl Server {
             .args(["serve", "--port", &port.to_string(), "--model"])
             .arg(model())
             .args(args)
-            .env("SAFEMLX_DIST_TIMEOUT", "20")
+            .env("SAFEMLX_DIST_TIMEOUT", timeout.to_string())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
             .spawn()

@@ -124,14 +124,7 @@ impl RingHosts {
     /// Writes the list to a new file in the temporary directory, removed
     /// when the returned guard drops.
     pub fn write_temp(&self) -> Result<TempHostfile, LaunchError> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let path = std::env::temp_dir().join(format!(
-            "safemlx-launch-{}-{nanos}.json",
-            std::process::id()
-        ));
+        let path = std::env::temp_dir().join(format!("{}.json", super::progress::temp_stem()));
         std::fs::write(&path, self.to_json())
             .map_err(|e| LaunchError::Io(format!("could not write {}: {e}", path.display())))?;
         Ok(TempHostfile { path })

@@ -62,16 +62,23 @@ pub(crate) struct ProgressDir {
     path: PathBuf,
 }
 
+/// `safemlx-launch-PID-N`, unique to this call: `N` is the time in
+/// nanoseconds followed by four digits of a process-wide count, since two
+/// launches of one process (tests run in threads) read the same clock
+/// value often enough to collide (`File exists`, seen in CI).
+pub(crate) fn temp_stem() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000;
+    format!("safemlx-launch-{}-{nanos}{count:04}", std::process::id())
+}
+
 impl ProgressDir {
     pub(crate) fn new() -> Result<Self, LaunchError> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let path = std::env::temp_dir().join(format!(
-            "safemlx-launch-{}-{nanos}-progress",
-            std::process::id()
-        ));
+        let path = std::env::temp_dir().join(format!("{}-progress", temp_stem()));
         std::fs::create_dir(&path)
             .map_err(|e| LaunchError::Io(format!("could not create {}: {e}", path.display())))?;
         Ok(Self { path })
