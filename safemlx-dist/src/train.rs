@@ -37,8 +37,7 @@ use crate::typed::{Replicated, Sharded, ShardedArray, StageLink, StageMessage};
 ///
 /// # Errors
 /// No micro-batch or an empty one, a model that is not this rank's
-/// stage, the model's or the loss's errors (an expert-parallel MoE's
-/// `all_to_all_v` on a ring subgroup has no gradient), or a boundary's.
+/// stage, the model's or the loss's errors, or a boundary's.
 pub fn value_and_grad_stages<F>(
     model: &Llama,
     link: &StageLink,

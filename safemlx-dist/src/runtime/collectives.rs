@@ -221,12 +221,36 @@ pub fn all_to_all_v(
         return Ok(input.clone());
     }
     group.enter("all_to_all_v", input);
+    if let (Some(chain), true) = (group.path(), tracing()) {
+        return group.in_order(input, |input| {
+            let fixed = safemlx::stop_gradient(input, stream.as_ref())?;
+            let exchanged = profile::timed(&fixed, || {
+                path::all_to_all_v(
+                    chain,
+                    group.rank(),
+                    &fixed,
+                    &counts.send,
+                    &counts.recv,
+                    stream.as_ref(),
+                )
+            })?;
+            // MLX's rule: the gradient goes back the way the rows came
+            // (the reverse exchange, counts swapped).
+            let (group, s) = (group.clone(), stream.as_ref().clone());
+            let (send, recv) = (counts.send.clone(), counts.recv.clone());
+            native::with_vjp(
+                input,
+                &exchanged,
+                Box::new(move |g| match group.path() {
+                    Some(chain) => path::all_to_all_v(chain, group.rank(), g, &recv, &send, &s),
+                    None => Err(Error::Setting(
+                        "a ring subgroup without its chain".to_owned(),
+                    )),
+                }),
+            )
+        });
+    }
     if let Some(chain) = group.path() {
-        if tracing() {
-            return Err(Error::Setting(
-                "a gradient through all_to_all_v on a mesh axis composed of send/recv (ring, JACCL) is not supported: train expert parallel on MPI or NCCL, or slice every expert (expert tensor parallel), whose sums have gradients everywhere".to_owned(),
-            ));
-        }
         return group.in_order(input, |input| {
             profile::timed(input, || {
                 path::all_to_all_v(

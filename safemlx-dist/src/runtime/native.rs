@@ -318,12 +318,25 @@ pub(crate) fn take_vjp_error() -> Option<Error> {
     VJP_ERROR.try_with(|e| e.take()).ok().flatten()
 }
 
-unsafe extern "C" fn identity_forward(
+unsafe extern "C" fn captured_forward(
     res: *mut safemlx_sys::mlx_vector_array,
-    input: safemlx_sys::mlx_vector_array,
+    _input: safemlx_sys::mlx_vector_array,
+    payload: *mut c_void,
 ) -> c_int {
-    // SAFETY: MLX-C passes a fresh output vector and a live input vector.
-    unsafe { safemlx_sys::mlx_vector_array_set(res, input) }
+    // SAFETY: `payload` is the `Array` boxed by `with_vjp`, alive until MLX
+    // calls `drop_captured`; MLX-C passes a fresh output vector.
+    unsafe {
+        let output = &*(payload as *const Array);
+        let vector = safemlx_sys::mlx_vector_array_new_value(output.as_ptr());
+        let status = safemlx_sys::mlx_vector_array_set(res, vector);
+        safemlx_sys::mlx_vector_array_free(vector);
+        status
+    }
+}
+
+unsafe extern "C" fn drop_captured(payload: *mut c_void) {
+    // SAFETY: called once by MLX-C for the payload boxed in `with_vjp`.
+    drop(unsafe { Box::from_raw(payload as *mut Array) });
 }
 
 unsafe extern "C" fn mapped_cotangent(
@@ -371,11 +384,24 @@ unsafe extern "C" fn drop_cotangent_map(payload: *mut c_void) {
 /// `x` unchanged, except that under autodiff its gradient is `vjp` of the
 /// output's gradient (`mlx_custom_vjp` of the identity).
 pub(crate) fn identity_with_vjp(x: &Array, vjp: CotangentMap) -> Result<Array> {
+    with_vjp(x, x, vjp)
+}
+
+/// `y` (computed from `x`, its own gradient stopped) as a function of `x`
+/// whose gradient is `vjp` of `y`'s gradient, of `x`'s shape
+/// (`mlx_custom_vjp` of a function returning `y`).
+pub(crate) fn with_vjp(x: &Array, y: &Array, vjp: CotangentMap) -> Result<Array> {
     let payload = Box::into_raw(Box::new(vjp)) as *mut c_void;
+    let captured = Box::into_raw(Box::new(y.clone())) as *mut c_void;
     // SAFETY: every handle below is created here and freed exactly once;
-    // the payload is owned by `custom` from its creation on (its dtor).
+    // the payloads are owned by their closures from their creation on
+    // (their dtors).
     unsafe {
-        let forward = safemlx_sys::mlx_closure_new_func(Some(identity_forward));
+        let forward = safemlx_sys::mlx_closure_new_func_payload(
+            Some(captured_forward),
+            captured,
+            Some(drop_captured),
+        );
         let custom = safemlx_sys::mlx_closure_custom_new_func_payload(
             Some(mapped_cotangent),
             payload,
