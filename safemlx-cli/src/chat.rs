@@ -67,7 +67,7 @@ pub fn run(args: ChatArgs) -> Result<(), String> {
         settings,
         &queue,
         // Never stopped: the chat ends with its input.
-        &tokio::sync::watch::channel(false).1,
+        &tokio::sync::watch::channel(None).1,
         (&group, link),
         &s,
     )?;

@@ -1,6 +1,6 @@
 //! Faults of a running server: a killed rank ends the run and its open
 //! stream; a stopped pipeline stage ends the run within the timeout,
-//! named; SIGTERM to the launcher ends the open stream with an error
+//! named, and the open stream with an error event saying why; SIGTERM to the launcher ends the open stream with an error
 //! event and stops every rank.
 
 mod common;
@@ -52,9 +52,24 @@ fn a_stopped_pipeline_stage_ends_the_run_naming_it() {
     let output = server.output();
     assert!(!status.success(), "{output}");
     assert!(waited < Duration::from_secs(30), "{waited:?}\n{output}");
+    // The launcher leads with the stopped rank, not with rank 0 (whose
+    // count of sends and receives differs from stage 1's).
     assert!(
-        output.contains("rank 1 shows no sign of life for"),
+        output.contains("timed out: rank 1 shows no sign of life for"),
         "{output}"
+    );
+    // Rank 0 timed out waiting on stage 1: before it exits, the stream
+    // gets an error event saying so.
+    let last = rest
+        .iter()
+        .rfind(|l| l.starts_with("data: "))
+        .map_or("", |e| e.trim_start_matches("data: "));
+    let event: Value = serde_json::from_str(last).unwrap_or_default();
+    let message = event["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the server stopped: rank 0 waited 5 s in ")
+            && message.contains("without it completing: a peer never joined it"),
+        "{rest:?}\n{output}"
     );
     client.wait().unwrap();
 }

@@ -114,7 +114,7 @@ pub fn lead<'t>(
     tokenizer: &'t Tokenizer,
     settings: Settings,
     requests: &Receiver<Request>,
-    shutdown: &watch::Receiver<bool>,
+    shutdown: &watch::Receiver<Option<String>>,
     (group, link): (&Group, Option<&StageLink>),
     s: &Stream,
 ) -> Result<(), String> {
@@ -130,13 +130,14 @@ pub fn lead<'t>(
             }
         };
     loop {
-        if *shutdown.borrow() {
+        let why = shutdown.borrow().clone();
+        if let Some(why) = why {
             // The launcher gives ranks 2 s between SIGTERM and SIGKILL:
             // the open requests end now, with a message.
             for seq in &seqs {
                 seq.send(Event::Failed {
                     status: 503,
-                    message: "the server is stopping".to_owned(),
+                    message: why.clone(),
                 });
             }
             // The followers may have had the signal too.

@@ -29,8 +29,10 @@ use super::request::{Event, Request, Usage};
 /// What every handler shares.
 #[derive(Debug)]
 pub struct Shared {
-    /// Set on SIGINT or SIGTERM: open requests end at once with a 503.
-    pub stopped: tokio::sync::watch::Receiver<bool>,
+    /// Set on SIGINT or SIGTERM, or when a wait on a peer timed out (the
+    /// process exits next): open requests end at once with a 503 saying
+    /// why.
+    pub stopped: tokio::sync::watch::Receiver<Option<String>>,
     /// The scheduler's queue.
     pub requests: Sender<Request>,
     /// The served model's name.
@@ -154,7 +156,7 @@ async fn complete(
         events,
     };
     if state.requests.send(request).is_err() {
-        return ApiError::new(503, "the server is stopping".to_owned()).into_response();
+        return ApiError::new(503, STOPPING.to_owned()).into_response();
     }
     let mut stopped = state.stopped.clone();
     match next_event(&mut rx, &mut stopped).await {
@@ -203,20 +205,26 @@ async fn complete(
 /// launcher kills the ranks 2 s after its SIGTERM).
 async fn next_event(
     rx: &mut UnboundedReceiver<Event>,
-    stopped: &mut watch::Receiver<bool>,
+    stopped: &mut watch::Receiver<Option<String>>,
 ) -> Option<Event> {
-    let stopping = Event::Failed {
+    let stopping = |why: &Option<String>| Event::Failed {
         status: 503,
-        message: "the server is stopping".to_owned(),
+        message: why.clone().unwrap_or_default(),
     };
-    if *stopped.borrow() {
-        return Some(stopping);
+    if stopped.borrow().is_some() {
+        return Some(stopping(&stopped.borrow()));
     }
     tokio::select! {
         event = rx.recv() => event,
-        _ = stopped.wait_for(|stop| *stop) => Some(stopping),
+        why = stopped.wait_for(Option::is_some) => Some(why.map_or_else(
+            |_| stopping(&Some(STOPPING.to_owned())),
+            |why| stopping(&why),
+        )),
     }
 }
+
+/// Why open requests end when the server is stopped by a signal.
+pub const STOPPING: &str = "the server is stopping";
 
 fn usage_json(u: &Usage) -> Value {
     json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -276,7 +284,7 @@ impl Reply {
 
 /// The stream's state: the scheduler's events, then `[DONE]`, then the end.
 enum Phase {
-    Open(UnboundedReceiver<Event>, watch::Receiver<bool>),
+    Open(UnboundedReceiver<Event>, watch::Receiver<Option<String>>),
     Ending,
     Ended,
 }
@@ -287,7 +295,7 @@ enum Phase {
 fn sse(
     reply: Reply,
     rx: UnboundedReceiver<Event>,
-    stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<Option<String>>,
     guard: InFlight,
 ) -> Response {
     let first = Sse::default().data(reply.chunk(Some(""), None, None).to_string());
@@ -342,7 +350,7 @@ fn sse(
 pub async fn run(
     listener: std::net::TcpListener,
     router: Router,
-    stop: watch::Sender<bool>,
+    stop: Arc<watch::Sender<Option<String>>>,
 ) -> Result<(), String> {
     listener
         .set_nonblocking(true)
@@ -366,7 +374,7 @@ pub async fn run(
             () = term => "SIGTERM",
         };
         eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
-        let _ = stop.send(true);
+        stop.send_replace(Some(STOPPING.to_owned()));
     };
     axum::serve(listener, router)
         .with_graceful_shutdown(signal)

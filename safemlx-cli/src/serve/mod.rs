@@ -137,8 +137,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         None => args.model.name()?,
     };
     let (requests, queue) = mpsc::channel();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(None);
+    let stop = Arc::new(stop);
     let stopping = stopped.clone();
+    // A wait on a peer that times out ends this process within 200 ms:
+    // the open requests hear why first (their streams get an error event).
+    let on_timeout = Arc::clone(&stop);
+    safemlx_dist::on_timeout(move |reason| {
+        on_timeout.send_replace(Some(format!("the server stopped: {reason}")));
+    });
     let shared = Arc::new(http::Shared {
         stopped,
         requests,

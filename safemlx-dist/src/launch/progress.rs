@@ -116,42 +116,7 @@ impl ProgressDir {
     /// What the ranks' files say, as a sentence; `None` when no rank
     /// entered a collective or wrote a heartbeat.
     pub(crate) fn diagnose(&self, ranks: usize) -> Option<String> {
-        let records = self.records(ranks);
-        let silent = silent(&self.silences(ranks));
-        let sentence = diagnose(&records);
-        let latest = records.iter().flatten().max_by_key(|r| r.seq);
-        let some_behind = latest.is_some_and(|latest| {
-            records
-                .iter()
-                .any(|r| r.as_ref().is_none_or(|r| r.seq < latest.seq))
-        });
-        if silent.is_empty() {
-            let silences = self.silences(ranks);
-            let all_alive = silences.iter().all(|s| s.is_some_and(|ms| ms < SILENT_MS));
-            // Without a rank whose own timeout fired (the launcher's
-            // `--timeout` cut the run), live ranks are a moving snapshot:
-            // one may be a step ahead of another without anyone behind.
-            let timed_out = records.iter().flatten().any(|r| r.waits);
-            return match (sentence, latest) {
-                (Some(s), _) if all_alive && some_behind && timed_out => Some(format!(
-                    "{s}; every rank shows signs of life (none is stopped)"
-                )),
-                (Some(_), Some(latest)) if all_alive => Some(format!(
-                    "every rank shows signs of life and entered {} #{} (a slow run, or a transport problem; none is stopped)",
-                    latest.op, latest.seq
-                )),
-                (other, _) => other,
-            };
-        }
-        match sentence {
-            // The records name who is behind; say who of them is silent.
-            Some(sentence) if some_behind => {
-                let quiet: Vec<String> = silent.iter().map(|&(r, ms)| silence(r, ms)).collect();
-                Some(format!("{sentence}; {}", quiet.join("; ")))
-            }
-            // Every rank entered the same collective: the silence says who.
-            _ => Some(name_silent(&silent, &records)),
-        }
+        explain(&self.records(ranks), &self.silences(ranks))
     }
 
     /// Whether some rank's collective timed out (its file says `waits`).
@@ -184,6 +149,49 @@ fn silent(silences: &[Option<u64>]) -> Vec<(usize, Option<u64>)> {
         .filter(|(_, s)| s.is_none_or(|ms| ms >= SILENT_MS))
         .map(|(r, &s)| (r, s))
         .collect()
+}
+
+/// The sentence for the ranks' records and heartbeats (see `diagnose`).
+fn explain(records: &[Option<Record>], silences: &[Option<u64>]) -> Option<String> {
+    let silent = silent(silences);
+    let sentence = diagnose(records);
+    let latest = records.iter().flatten().max_by_key(|r| r.seq);
+    let behind: Vec<usize> = latest.map_or_else(Vec::new, |latest| {
+        (0..records.len())
+            .filter(|&r| records[r].as_ref().is_none_or(|rec| rec.seq < latest.seq))
+            .collect()
+    });
+    if silent.is_empty() {
+        let all_alive = silences.iter().all(|s| s.is_some_and(|ms| ms < SILENT_MS));
+        // Without a rank whose own timeout fired (the launcher's
+        // `--timeout` cut the run), live ranks are a moving snapshot:
+        // one may be a step ahead of another without anyone behind.
+        let timed_out = records.iter().flatten().any(|r| r.waits);
+        return match (sentence, latest) {
+            (Some(s), _) if all_alive && !behind.is_empty() && timed_out => Some(format!(
+                "{s}; every rank shows signs of life (none is stopped)"
+            )),
+            (Some(_), Some(latest)) if all_alive => Some(format!(
+                "every rank shows signs of life and entered {} #{} (a slow run, or a transport problem; none is stopped)",
+                latest.op, latest.seq
+            )),
+            (other, _) => other,
+        };
+    }
+    let behind_silent = behind.iter().all(|r| silent.iter().any(|s| s.0 == *r));
+    match sentence {
+        // The records name who is behind, and they are the silent ones:
+        // say so, and how long each has been silent.
+        Some(sentence) if !behind.is_empty() && behind_silent => {
+            let quiet: Vec<String> = silent.iter().map(|&(r, ms)| silence(r, ms)).collect();
+            Some(format!("{sentence}; {}", quiet.join("; ")))
+        }
+        // Every rank entered the same collective, or a live rank counts
+        // fewer operations than a silent one (pipeline stages count their
+        // own sends and receives, so their numbers differ): the silence
+        // says who, first.
+        _ => Some(name_silent(&silent, records)),
+    }
 }
 
 /// The sentence naming the silent ranks, where each was, and what the
@@ -324,6 +332,25 @@ mod tests {
         assert_eq!(
             name_silent(&quiet, &[None, None, None]),
             "rank 1 shows no sign of life since it started (stopped, or stuck whole); it entered no collective; ranks 0, 2 wait to join the group"
+        );
+        // Pipeline stages count their own sends and receives: stage 0
+        // waits in its receive #3 while the stopped stage 1 had entered its
+        // all_sum #4. The stopped rank leads, not the live one "behind".
+        let records = [rec(true, "stage_recv", 3), rec(false, "all_sum", 4)];
+        assert_eq!(
+            explain(&records, &[Some(30), Some(5400)]).unwrap(),
+            "rank 1 shows no sign of life for 5.4 s (stopped, or stuck whole); it last entered all_sum #4; rank 0 waits in stage_recv #3"
+        );
+        // A silent rank that is behind in the same collectives: the
+        // records' sentence, then its silence.
+        let records = [
+            rec(true, "all_sum", 8),
+            rec(true, "all_sum", 8),
+            rec(false, "all_sum", 7),
+        ];
+        assert_eq!(
+            explain(&records, &[Some(10), Some(20), Some(2100)]).unwrap(),
+            "rank 2 never entered all_sum #8 (rank 2 is at all_sum #7); ranks 0, 1 wait in it; rank 2 shows no sign of life for 2.1 s (stopped, or stuck whole)"
         );
         // Every rank alive (a slow run), or no heartbeats at all: nobody.
         assert!(silent(&[Some(10), Some(200)]).is_empty());

@@ -50,5 +50,6 @@ pub use mesh::{mesh_coords, DeviceMesh};
 pub(crate) use native::take_vjp_error;
 pub(crate) use native::{bitwise_and, right_shift};
 pub use profile::{CollectiveProfile, CollectiveTime};
+pub use progress::on_timeout;
 pub use progress::timeout_from_env as collective_timeout;
 pub(crate) use slicing::slice_axis;

@@ -230,13 +230,12 @@ pub(crate) fn expire(timeout: Duration) -> ! {
         _ => String::new(),
     };
     let what = last.map_or_else(|| "a collective".to_owned(), |l| l.describe()) + &hint;
-    // One write: under mpirun each write is tagged on its own.
-    let line = format!(
-        "safemlx-dist: rank {} waited {:.0} s in {what} without it completing: a peer never joined it (stopped, deadlocked, or in another collective). Exiting with status {TIMEOUT_EXIT}; set {TIMEOUT_ENV} (seconds) to wait longer\n",
+    let reason = format!(
+        "rank {} waited {:.0} s in {what} without it completing: a peer never joined it (stopped, deadlocked, or in another collective)",
         rank.map_or("?".to_owned(), |r| r.to_string()),
         timeout.as_secs_f64()
     );
-    leave(&line)
+    leave(&reason, TIMEOUT_ENV)
 }
 
 /// Joining the group passed the timeout: says so and ends the process.
@@ -251,23 +250,58 @@ pub(crate) fn expire_joining(timeout: Duration) -> ! {
         };
         write(&state, &joining.line("its group"));
     }
-    let line = format!(
-        "safemlx-dist: rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run. Exiting with status {TIMEOUT_EXIT}; set {JOIN_TIMEOUT_ENV} (seconds) to wait longer\n",
+    let reason = format!(
+        "rank {rank} waited {:.0} s to join its group without every rank connecting: a peer never started, is stopped, or does not answer as a rank of this run",
         timeout.as_secs_f64()
     );
-    leave(&line)
+    leave(&reason, JOIN_TIMEOUT_ENV)
 }
 
-/// Prints `line` and exits with [`TIMEOUT_EXIT`]; once: a second thread
-/// that finds the same wait expired waits for the first one's exit.
-fn leave(line: &str) -> ! {
+/// What runs when this process's wait on a peer timed out, just before it
+/// exits: an [`on_timeout`] function.
+type Hook = Box<dyn Fn(&str) + Send + Sync>;
+
+static HOOKS: Mutex<Vec<Hook>> = Mutex::new(Vec::new());
+
+/// Registers `hook` to run when a wait on a peer passes its timeout, just
+/// before the process exits with [`TIMEOUT_EXIT`]: it gets the reason
+/// (`rank 0 waited 5 s in stage_recv #3 (...) without it completing: a
+/// peer never joined it (...)`) and has about 200 ms for its work, on the
+/// thread that found the timeout, while other threads still run. A server
+/// tells its open requests why they end (`safemlx serve` does). Keep it
+/// short and non-blocking: the process exits after it, whatever it does.
+///
+/// ```
+/// safemlx_dist::on_timeout(|reason| eprintln!("ending: {reason}"));
+/// ```
+pub fn on_timeout(hook: impl Fn(&str) + Send + Sync + 'static) {
+    HOOKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Box::new(hook));
+}
+
+/// Prints `reason`, runs the [`on_timeout`] hooks and exits with
+/// [`TIMEOUT_EXIT`]; once: a second thread that finds the same wait
+/// expired waits for the first one's exit. `env` is the setting that
+/// lengthens the wait.
+fn leave(reason: &str, env: &str) -> ! {
     static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if LEAVING.swap(true, std::sync::atomic::Ordering::AcqRel) {
         loop {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
+    // One write: under mpirun each write is tagged on its own.
+    let line = format!(
+        "safemlx-dist: {reason}. Exiting with status {TIMEOUT_EXIT}; set {env} (seconds) to wait longer\n"
+    );
     let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Ok(hooks) = HOOKS.try_lock() {
+        for hook in hooks.iter() {
+            hook(reason);
+        }
+    }
     // The launcher reads every rank's progress when the first one times
     // out (it polls every 20 ms); give it that moment before the run is
     // torn down and a stopped peer possibly woken.
