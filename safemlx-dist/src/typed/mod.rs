@@ -10,6 +10,8 @@ mod axis;
 pub(crate) mod collective;
 mod linear;
 mod mesh;
+mod mesh_array;
+mod mesh_array_ops;
 mod mesh_axes;
 mod ops;
 mod placement;
@@ -25,6 +27,11 @@ pub use axis::{Axis, AxisName, Dp, Ep, Pp, SameAxis, Tp};
 pub use collective::Collective;
 pub use linear::{BiasRule, LinearRule, LinearWeight};
 pub use mesh::Mesh;
+pub use mesh_array::{
+    AllReplicated, AxisAt, AxisPlacement, AxisSet, First, IsPartial, MeshArray, MeshPlacement,
+    NoPartial, PlacementAt, Position, Second, Third,
+};
+pub use mesh_array_ops::{MeshMatmul, MeshMul, MeshSum};
 pub use mesh_axes::{MeshAxes, MeshSpec};
 pub use ops::{
     MatmulRule, MulRule, NoRule, Operand, SamePlacement, SoftmaxAlong, SumRule, TransposeRule,
