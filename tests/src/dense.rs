@@ -23,6 +23,14 @@ pub fn part(full: &Array, axis: i32, group: &Group, s: &Stream) -> Array {
         .unwrap()
 }
 
+/// `[rows, cols]` of deterministic values depending on `seed`.
+pub fn values(rows: i32, cols: i32, seed: i32) -> Array {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 17.0)
+        .collect();
+    Array::from_slice(&v, &[rows, cols])
+}
+
 /// `x * sigmoid(x)` on an MLX array.
 pub fn silu_array(x: &Array, s: &Stream) -> Array {
     x.multiply(safemlx::ops::sigmoid(x, s).unwrap(), s).unwrap()

@@ -15,17 +15,9 @@ use safemlx_dist::{
     Backend, Collective, DeviceMesh, Group, Partial, Replicated, Sharded, ShardedArray,
 };
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{assert_close, part, silu_array};
+use safemlx_dist_tests::dense::{assert_close, part, silu_array, values};
 
 type Axes = (Axis<Dp, 2>, Axis<Tp, 2>);
-
-/// `[rows, cols]` of deterministic values depending on `seed`.
-fn values(rows: i32, cols: i32, seed: i32) -> Array {
-    let v: Vec<f32> = (0..rows * cols)
-        .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 17.0)
-        .collect();
-    Array::from_slice(&v, &[rows, cols])
-}
 
 /// The dense loss: sum of the MLP's outputs squared.
 fn dense_loss(x: &Array, w1: &Array, w2: &Array, s: &Stream) -> Array {

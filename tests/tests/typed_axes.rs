@@ -9,15 +9,7 @@ use safemlx_dist::launch::Ranks;
 use safemlx_dist::typed::{Axis, Dp, Tp};
 use safemlx_dist::{Backend, DeviceMesh, Group, Replicated, ShardedArray};
 use safemlx_dist_tests::cpu;
-use safemlx_dist_tests::dense::{host, max_relative_error};
-
-/// `[rows, cols]` of deterministic values depending on `seed`.
-fn values(rows: i32, cols: i32, seed: i32) -> Array {
-    let v: Vec<f32> = (0..rows * cols)
-        .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 17.0)
-        .collect();
-    Array::from_slice(&v, &[rows, cols])
-}
+use safemlx_dist_tests::dense::{host, max_relative_error, values};
 
 fn dense_mlp(x: &Array, w1: &Array, w2: &Array, s: &Stream) -> Array {
     let h = x.matmul(w1, s).unwrap();
