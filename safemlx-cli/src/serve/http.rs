@@ -207,18 +207,19 @@ async fn next_event(
     rx: &mut UnboundedReceiver<Event>,
     stopped: &mut watch::Receiver<Option<String>>,
 ) -> Option<Event> {
-    let stopping = |why: &Option<String>| Event::Failed {
+    let stopping = |message: String| Event::Failed {
         status: 503,
-        message: why.clone().unwrap_or_default(),
+        message,
     };
-    if stopped.borrow().is_some() {
-        return Some(stopping(&stopped.borrow()));
+    // Checked first: `select!` may take a ready event over a stop.
+    let why = stopped.borrow().clone();
+    if let Some(why) = why {
+        return Some(stopping(why));
     }
     tokio::select! {
         event = rx.recv() => event,
-        why = stopped.wait_for(Option::is_some) => Some(why.map_or_else(
-            |_| stopping(&Some(STOPPING.to_owned())),
-            |why| stopping(&why),
+        why = stopped.wait_for(Option::is_some) => Some(stopping(
+            why.ok().and_then(|why| (*why).clone()).unwrap_or_else(|| STOPPING.to_owned()),
         )),
     }
 }
