@@ -79,7 +79,7 @@ fn two_stages_and_two_by_two_serve_the_texts_of_one_rank() {
             4,
             "pp=2,tp=2",
             "pp=2,tp=2",
-            "rank 2/4: stage 1 of 2, layers 15..30; query heads 5..9, KV heads 1..3",
+            "rank 2/4: stage 1 of 2, layers 15..30; query heads 4..9 (head 4 shared by rows), KV heads 1..3",
         ),
     ] {
         let server = Server::start(ranks, &["--mesh", mesh]);

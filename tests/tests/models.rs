@@ -86,13 +86,32 @@ fn check_model(group: &Group, model: &Llama, (read, total): (u64, u64), case: &s
         assert!(read < total * 3 / 4, "{what}: read {read} of {total} bytes");
     }
     // Query heads by the chunk rule (6 over 2 ranks: 3 + 3, where KV
-    // heads would give 4 + 2), with the KV heads they read.
+    // heads would give 4 + 2), with the KV heads they read; a rank with
+    // the one extra head shares it by rows with the next rank when that
+    // rank holds its KV head (4 over 3 ranks with 1 KV head: 0..2, 1..3
+    // and 3..4, head 1 shared).
     let (heads, kv_heads) = (model.config().heads, model.config().kv_heads);
     let split = model.head_split().expect("a layer");
-    let query = chunk(heads, rank, n);
+    let mut query = chunk(heads, rank, n);
+    let group = heads / kv_heads;
+    let counts: Vec<usize> = (0..n).map(|r| chunk(heads, r, n).1).collect();
+    let most = counts.iter().max().copied().unwrap_or(0);
+    let single_most = counts.iter().filter(|&&c| c == most).count() == 1;
+    let shares = |r: usize| {
+        let owner = chunk(heads, r, n);
+        let next = (owner.0 + owner.1, counts.get(r + 1).copied().unwrap_or(0));
+        single_most && counts[r] == most && next.1 + 1 == most && next.0 % group != 0
+    };
+    if rank > 0 && shares(rank - 1) {
+        query = (query.0 - 1, query.1 + 1);
+    }
     assert_eq!(split.query, query, "{what}: query heads");
+    assert_eq!(
+        split.shared.is_some(),
+        shares(rank) || (rank > 0 && shares(rank - 1)),
+        "{what}: a head shared by rows"
+    );
     if query.1 > 0 {
-        let group = heads / kv_heads;
         let kv = (
             query.0 / group,
             (query.0 + query.1 - 1) / group + 1 - query.0 / group,

@@ -5,7 +5,9 @@
 //! each rank holds every KV head its query heads read, so a KV head whose
 //! query heads fall on several ranks is held by each of them (SmolLM2's 3
 //! KV heads over 2 ranks: heads 0-1 and 1-2). A rank may hold no query
-//! head at all (more ranks than query heads); it adds nothing.
+//! head at all (more ranks than query heads); it adds nothing. One head
+//! more than the next rank's is shared with it by query rows
+//! (`shared_head.rs`), so that the attention's work evens out.
 //!
 //! The forward goes by the types: the replicated tokens times q, k and v
 //! split by rows (heads) are `Sharded<1>` by heads; each rank attends over
@@ -25,7 +27,7 @@ use super::grouped_sdpa;
 use super::head_rows::HeadRows;
 use super::head_split::{HeadSegment, HeadSplit};
 use super::kv_cache::LayerKv;
-use super::load_linear::load_columns;
+use super::load_linear::load_column_block;
 use super::window_cache::window_mask;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
@@ -172,8 +174,9 @@ pub struct GqaAttention {
     config: GqaConfig,
     #[parameters(skip)]
     split: HeadSplit,
-    /// This rank's query heads in runs of even grouping (one fused
-    /// attention call each; see [`HeadSplit::segments`]).
+    /// This rank's whole query heads (all but a shared one) in runs of
+    /// even grouping (one fused attention call each; see
+    /// [`HeadSplit::segments`]).
     #[parameters(skip)]
     segments: Vec<HeadSegment>,
     q: LinearWeight<Sharded<0>>,
@@ -210,9 +213,13 @@ impl GqaAttention {
         s: &Stream,
     ) -> Result<Self> {
         let comm = w.comm();
-        let all = HeadSplit::of_counts(config.heads, config.kv_heads, &w.lengths(config.heads))?;
+        let group = config.heads / config.kv_heads.max(1);
+        let counts = w.lengths(config.heads);
+        let all = HeadSplit::of_counts(config.heads, config.kv_heads, &counts)?;
+        let all = HeadSplit::balance(all, group);
         let split = all[comm.rank()];
-        let [query, kv] = HeadRows::of((config.kv_heads, config.head_dim), &all, comm.rank())?;
+        let shape = (config.heads, config.kv_heads, config.head_dim);
+        let [query, kv] = HeadRows::of(shape, &all, comm.rank())?;
         let (hd, d) = (config.head_dim, config.dim);
         let (q_out, kv_out) = (config.heads * hd, config.kv_heads * hd);
         // Each part's weight and bias tensors, its first row there, and
@@ -247,16 +254,20 @@ impl GqaAttention {
         Ok(Self {
             config: config.clone(),
             split,
-            segments: split.segments(config.heads / config.kv_heads),
+            segments: split.whole().segments(group),
             q: weight(&query, 0)?,
             k: weight(&kv, 1)?,
             v: weight(&kv, 2)?,
-            o: load_columns(
-                w,
-                &format!("{}.weight", names.o),
-                [d, q_out],
-                &query.split,
-                s,
+            o: query.columns(
+                load_column_block(
+                    w,
+                    &format!("{}.weight", names.o),
+                    [d, q_out],
+                    query.mine,
+                    &query.split,
+                    s,
+                )?,
+                hd,
             )?,
             q_bias: bias(&query, 0)?,
             k_bias: bias(&kv, 1)?,
@@ -275,8 +286,9 @@ impl GqaAttention {
                     let per_rank: Vec<usize> = query.split.iter().map(|rows| rows / hd).collect();
                     let local = w.rows(names.sinks, &[config.heads], &[(first, count)], s)?;
                     let local = local.reshape(&[1, count as i32], s)?;
-                    let global = [1, config.heads as i32];
-                    ShardedArray::from_local_split(local, comm, &global, &per_rank)
+                    let global = [1, per_rank.iter().sum::<usize>() as i32];
+                    let sinks = ShardedArray::from_local_split(local, comm, &global, &per_rank)?;
+                    query.entries(sinks, 1)
                 })
                 .transpose()?,
         })
@@ -290,9 +302,13 @@ impl GqaAttention {
             || self.o.is_quantized()
     }
 
-    /// This rank's query heads in runs of even grouping.
-    pub(super) fn segments(&self) -> &[HeadSegment] {
-        &self.segments
+    /// This rank's query heads as its attention runs them: whole heads
+    /// in runs of even grouping, and the head it shares by rows.
+    pub(super) fn runs(&self) -> grouped_sdpa::Runs<'_> {
+        grouped_sdpa::Runs {
+            segments: &self.segments,
+            shared: self.split.shared,
+        }
     }
 
     /// The heads this rank holds.
@@ -468,7 +484,7 @@ impl GqaAttention {
         };
         let sinks = sinks.map(|a| a.reshape(&[heads], s)).transpose()?;
         let out = grouped_sdpa::attention(
-            &self.segments,
+            self.runs(),
             [&q, &keys, &values],
             scale,
             mask.as_ref(),

@@ -112,7 +112,7 @@ impl GqaAttention {
                     None => ScaledDotProductAttentionMask::Causal,
                 };
                 let out = grouped_sdpa::attention(
-                    self.segments(),
+                    self.runs(),
                     [&q, &seen_keys, &seen(&values)?],
                     scale,
                     Some(&mask),
@@ -208,7 +208,7 @@ impl GqaAttention {
         }
         let mask = mask.reshape(&[rows, 1, 1, longest], s)?;
         let out = grouped_sdpa::attention(
-            self.segments(),
+            self.runs(),
             [&q, &seen(keys)?, &seen(values)?],
             scale,
             Some(&ScaledDotProductAttentionMask::Array(&mask)),

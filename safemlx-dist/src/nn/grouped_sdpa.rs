@@ -1,13 +1,71 @@
 //! MLX's fused attention over a rank's heads when its query heads read
 //! their KV heads unequally (a balanced head split; see `head_split.rs`):
-//! one call per run of even grouping, the outputs joined along the heads.
+//! one call per run of even grouping, the outputs joined along the heads;
+//! a head shared with a neighbour by rows (`shared_head.rs`) on its own.
 
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
 use super::head_split::HeadSegment;
+use super::shared_head::SharedHead;
 use crate::error::Result;
 use crate::runtime::slice_axis;
+
+/// A rank's heads as its attention runs them: the runs of heads it
+/// attends whole (see [`HeadSplit::segments`](super::HeadSplit::segments)),
+/// and the head it shares by rows, if any (its first or its last).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Runs<'a> {
+    pub(super) segments: &'a [HeadSegment],
+    pub(super) shared: Option<SharedHead>,
+}
+
+/// Attention of `q` `[B, heads, T, hd]` over `keys` and `values` `[B, kv,
+/// L, hd]` (heads on axis 1) with `sinks` `[heads]`: the whole heads per
+/// segment of `runs`, the shared head over this rank's rows (zeros in
+/// the other rank's), the outputs `[B, heads, T, hd]` joined in head
+/// order.
+pub(super) fn attention(
+    runs: Runs<'_>,
+    [q, keys, values]: [&Array; 3],
+    scale: f32,
+    mask: Option<&ScaledDotProductAttentionMask<'_>>,
+    sinks: Option<&Array>,
+    s: &Stream,
+) -> Result<Array> {
+    let Some(shared) = runs.shared else {
+        return whole(runs.segments, [q, keys, values], scale, mask, sinks, s);
+    };
+    let heads = usize::try_from(q.shape()[1]).unwrap_or(0);
+    let rest = if shared.owner { 0 } else { 1 };
+    let at = |a: &Array, axis, first, count| slice_axis(a, axis, first, count, s);
+    let sink = |first, count| sinks.map(|a| at(a, 0, first, count)).transpose();
+    let one = shared.attend(
+        [
+            &at(q, 1, shared.local, 1)?,
+            &at(keys, 1, shared.kv, 1)?,
+            &at(values, 1, shared.kv, 1)?,
+        ],
+        scale,
+        mask,
+        sink(shared.local, 1)?.as_ref(),
+        s,
+    )?;
+    let others = whole(
+        runs.segments,
+        [&at(q, 1, rest, heads - 1)?, keys, values],
+        scale,
+        mask,
+        sink(rest, heads - 1)?.as_ref(),
+        s,
+    )?;
+    let parts = if shared.owner {
+        [others, one]
+    } else {
+        [one, others]
+    };
+    Ok(safemlx::ops::concatenate_axis(&parts, 1, s)?)
+}
 
 /// Attention of `q` `[B, heads, T, hd]` over `keys` and `values` `[B, kv,
 /// L, hd]` (heads on axis 1) with `sinks` `[heads]`, run per segment of
@@ -15,7 +73,7 @@ use crate::runtime::slice_axis;
 /// the outputs `[B, heads, T, hd]` joined in head order. With one segment
 /// it is one call of MLX's `scaled_dot_product_attention`, as without a
 /// split; with none (no query head) an empty output.
-pub(super) fn attention(
+fn whole(
     segments: &[HeadSegment],
     [q, keys, values]: [&Array; 3],
     scale: f32,

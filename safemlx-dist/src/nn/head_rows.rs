@@ -1,6 +1,7 @@
 //! How the ranks divide an attention layer's heads into rows of its
 //! projections: this rank's rows of q (and k, v), every rank's row
-//! counts, and the copies of KV heads shared by several ranks.
+//! counts, and the copies of heads held by several ranks (KV heads read by
+//! query heads of several ranks; a query head two ranks share by rows).
 
 use safemlx::Stream;
 
@@ -8,12 +9,13 @@ use super::head_split::HeadSplit;
 use super::load_linear::load_row_block;
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
-use crate::typed::{LinearWeight, Sharded, ShardedArray};
+use crate::typed::{LinearWeight, Placement, QuantizedPlacement, Sharded, ShardedArray};
 
 /// One kind of head (query or KV) as the ranks divide it: this rank's rows
 /// `(first, count)` of the projection, every rank's row count, and, when
 /// some KV head is held by several ranks, this rank's KV heads as blocks
-/// `(first, slots, block, holders)` (see [`ShardedArray::blocks_of`]).
+/// `(first, slots, block, holders)` (see [`ShardedArray::blocks_of`]);
+/// the same for query heads when one is shared by rows.
 pub(super) struct HeadRows {
     pub(super) mine: (usize, usize),
     pub(super) split: Vec<usize>,
@@ -22,9 +24,10 @@ pub(super) struct HeadRows {
 
 impl HeadRows {
     /// The query rows and the KV rows of rank `rank`, every rank's heads
-    /// `all` of `kv_heads` KV heads of `hd` dimensions.
+    /// `all` of `heads` query heads over `kv_heads` KV heads of `hd`
+    /// dimensions.
     pub(super) fn of(
-        (kv_heads, hd): (usize, usize),
+        (heads, kv_heads, hd): (usize, usize, usize),
         all: &[HeadSplit],
         rank: usize,
     ) -> Result<[Self; 2]> {
@@ -35,24 +38,51 @@ impl HeadRows {
                 all.len()
             ))
         })?;
-        let holders = HeadSplit::kv_holders(all, kv_heads);
-        let copies = holders.iter().any(|&h| h > 1).then(|| {
-            let (first, count) = split.kv;
-            let mine = holders[first..first + count].to_vec();
-            (first, kv_heads, hd, mine)
-        });
+        let copies = |holders: Vec<usize>, (first, count): (usize, usize)| {
+            holders.iter().any(|&h| h > 1).then(|| {
+                let mine = holders[first..first + count].to_vec();
+                (first, holders.len(), hd, mine)
+            })
+        };
         Ok([
             Self {
                 mine: rows(split.query),
                 split: all.iter().map(|h| h.query.1 * hd).collect(),
-                copies: None,
+                copies: copies(HeadSplit::query_holders(all, heads), split.query),
             },
             Self {
                 mine: rows(split.kv),
                 split: all.iter().map(|h| h.kv.1 * hd).collect(),
-                copies,
+                copies: copies(HeadSplit::kv_holders(all, kv_heads), split.kv),
             },
         ])
+    }
+
+    /// `w`, this rank's heads of a weight split along its sharded axis
+    /// `per_head` entries a head, with the heads other ranks hold too
+    /// declared copies (an output projection's columns).
+    pub(super) fn columns<P: QuantizedPlacement>(
+        &self,
+        w: LinearWeight<P>,
+        per_head: usize,
+    ) -> Result<LinearWeight<P>> {
+        match &self.copies {
+            Some((first, slots, _, holders)) => w.blocks_of(*first, *slots, per_head, holders),
+            None => Ok(w),
+        }
+    }
+
+    /// `x` as [`columns`](Self::columns) declares a weight's (the sinks,
+    /// one entry a head).
+    pub(super) fn entries<P: Placement>(
+        &self,
+        x: ShardedArray<P>,
+        per_head: usize,
+    ) -> Result<ShardedArray<P>> {
+        match &self.copies {
+            Some((first, slots, _, holders)) => x.blocks_of(*first, *slots, per_head, holders),
+            None => Ok(x),
+        }
     }
 
     /// This rank's rows of the `[out, D]` weight `name` of shape `shape`,

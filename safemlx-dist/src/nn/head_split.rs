@@ -4,8 +4,12 @@
 //! several ranks is held by each of them (see `gqa.rs`). A rank's query
 //! heads may then read their KV heads unequally (5 heads over KV heads of
 //! 3 query heads each: 3 read the first, 2 the second): its attention runs
-//! in [`segments`](HeadSplit::segments) of equal grouping.
+//! in [`segments`](HeadSplit::segments) of equal grouping. When one rank
+//! holds a head more than its neighbour and the neighbour holds that
+//! head's KV head, the two share it by query rows ([`SharedHead`],
+//! [`balance`](HeadSplit::balance)).
 
+use super::shared_head::SharedHead;
 use crate::error::{Error, Result};
 use crate::typed::{chunk, chunk_lengths};
 
@@ -17,6 +21,9 @@ pub struct HeadSplit {
     /// The KV heads this rank's query heads read (none without query
     /// heads); a KV head may be held by several ranks.
     pub kv: (usize, usize),
+    /// A query head of `query` this rank shares with a neighbour by rows
+    /// (see [`balance`](Self::balance)).
+    pub shared: Option<SharedHead>,
 }
 
 /// A run of a rank's query heads that read its KV heads evenly: `query`
@@ -90,13 +97,83 @@ impl HeadSplit {
             return Self {
                 query: (first, 0),
                 kv: (first / group, 0),
+                shared: None,
             };
         }
         let (kv_first, kv_last) = (first / group, (first + count - 1) / group);
         Self {
             query: (first, count),
             kv: (kv_first, kv_last - kv_first + 1),
+            shared: None,
         }
+    }
+
+    /// `all` (every rank's heads in rank order, `group` query heads per
+    /// KV head) with the one rank that holds the most query heads, when
+    /// it holds one more than the next rank and that rank's first head
+    /// reads the same KV head as its last (so it holds that KV head
+    /// already), sharing its last head with it by rows: the next rank
+    /// then holds that head too. SmolLM2 at 2 ranks: 0..5 and 5..9
+    /// become 0..5 and 4..9, head 4 shared, each rank attending 4.5
+    /// heads' rows. When several ranks hold the most, sharing would not
+    /// lower the most any rank attends: nothing changes.
+    pub fn balance(mut all: Vec<Self>, group: usize) -> Vec<Self> {
+        let most = all.iter().map(|s| s.query.1).max().unwrap_or(0);
+        let mut at_most = (0..all.len()).filter(|&r| all[r].query.1 == most);
+        let (Some(r), None) = (at_most.next(), at_most.next()) else {
+            return all;
+        };
+        let Some(&b) = all.get(r + 1) else {
+            return all;
+        };
+        let a = all[r];
+        let head = a.query.0 + a.query.1;
+        if b.query.1 + 1 != most || b.query.0 != head || head % group == 0 {
+            return all;
+        }
+        let head = head - 1;
+        all[r].shared = Some(SharedHead {
+            head,
+            local: a.query.1 - 1,
+            kv: head / group - a.kv.0,
+            with: r + 1,
+            owner: true,
+        });
+        all[r + 1].query = (head, b.query.1 + 1);
+        all[r + 1].shared = Some(SharedHead {
+            head,
+            local: 0,
+            kv: head / group - b.kv.0,
+            with: r,
+            owner: false,
+        });
+        all
+    }
+
+    /// This rank's heads without the one it shares (the heads it attends
+    /// whole), its KV heads as they are.
+    pub fn whole(&self) -> Self {
+        let (first, count) = self.query;
+        let query = match self.shared {
+            Some(h) if h.owner => (first, count - 1),
+            Some(_) => (first + 1, count - 1),
+            None => self.query,
+        };
+        Self {
+            query,
+            kv: self.kv,
+            shared: None,
+        }
+    }
+
+    /// How many ranks of `all` hold each query head of `heads`.
+    pub fn query_holders(all: &[Self], heads: usize) -> Vec<usize> {
+        (0..heads)
+            .map(|h| {
+                let holds = |s: &&Self| (s.query.0..s.query.0 + s.query.1).contains(&h);
+                all.iter().filter(holds).count()
+            })
+            .collect()
     }
 
     /// How many of this rank's query heads read each of its KV heads, with
@@ -118,8 +195,13 @@ impl HeadSplit {
         let mut runs: Vec<(usize, HeadSegment)> = Vec::new();
         let (mut q, mut k) = (0, 0);
         for readers in self.readers(group) {
+            if readers == 0 {
+                // A KV head only a shared head reads (see `whole`).
+                k += 1;
+                continue;
+            }
             match runs.last_mut() {
-                Some((per, run)) if *per == readers => {
+                Some((per, run)) if *per == readers && run.kv.0 + run.kv.1 == k => {
                     run.query.1 += readers;
                     run.kv.1 += 1;
                 }
@@ -225,6 +307,7 @@ mod tests {
         let middle = HeadSplit {
             query: (1, 8),
             kv: (0, 5),
+            shared: None,
         };
         assert_eq!(
             middle.segments(2),
@@ -235,5 +318,72 @@ mod tests {
             ]
         );
         assert!(HeadSplit::new(2, 1, 2, 3).unwrap().segments(2).is_empty());
+    }
+
+    #[test]
+    fn a_head_more_than_the_neighbour_is_shared_by_rows() {
+        let balanced =
+            |heads, kv, n| HeadSplit::balance(HeadSplit::all(heads, kv, n).unwrap(), heads / kv);
+        let seg = |q: (usize, usize), k: (usize, usize)| HeadSegment { query: q, kv: k };
+        // SmolLM2 at 2 ranks: head 4 (KV head 1, on both) shared.
+        let two = balanced(9, 3, 2);
+        assert_eq!(
+            two.iter().map(|s| (s.query, s.kv)).collect::<Vec<_>>(),
+            [((0, 5), (0, 2)), ((4, 5), (1, 2))]
+        );
+        let (owner, sharer) = (two[0].shared.unwrap(), two[1].shared.unwrap());
+        assert_eq!(
+            (owner.head, owner.local, owner.kv, owner.with, owner.owner),
+            (4, 4, 1, 1, true)
+        );
+        assert_eq!(
+            (
+                sharer.head,
+                sharer.local,
+                sharer.kv,
+                sharer.with,
+                sharer.owner
+            ),
+            (4, 0, 0, 0, false)
+        );
+        assert_eq!(
+            HeadSplit::query_holders(&two, 9),
+            [1, 1, 1, 1, 2, 1, 1, 1, 1]
+        );
+        // The heads each attends whole, in runs over its KV heads.
+        assert_eq!(
+            two[0].whole().segments(3),
+            [seg((0, 3), (0, 1)), seg((3, 1), (1, 1))]
+        );
+        assert_eq!(
+            two[1].whole().segments(3),
+            [seg((0, 1), (0, 1)), seg((1, 3), (1, 1))]
+        );
+        // Even splits, a head whose KV head the neighbour lacks (9 over
+        // 4: 3 + 2 + 2 + 2, head 2 reads KV head 0, rank 1 holds KV head
+        // 1), and two ranks holding the most (32 over 3: 11 + 11 + 10)
+        // share nothing.
+        assert!(balanced(9, 3, 3).iter().all(|s| s.shared.is_none()));
+        assert!(balanced(9, 3, 4).iter().all(|s| s.shared.is_none()));
+        assert!(balanced(32, 8, 3).iter().all(|s| s.shared.is_none()));
+        // gpt-oss at 3 ranks: 22 + 21 + 21, head 21 (KV head 2) shared by
+        // ranks 0 and 1.
+        let three = balanced(64, 8, 3);
+        assert_eq!(three[1].query, (21, 22));
+        assert_eq!(three[0].shared.map(|h| (h.head, h.kv)), Some((21, 2)));
+        assert!(three[2].shared.is_none());
+        // A KV head only the shared head reads on the owner: no run for it.
+        let owner = HeadSplit {
+            query: (0, 4),
+            kv: (0, 2),
+            shared: Some(super::SharedHead {
+                head: 3,
+                local: 3,
+                kv: 1,
+                with: 1,
+                owner: true,
+            }),
+        };
+        assert_eq!(owner.whole().segments(3), [seg((0, 3), (0, 1))]);
     }
 }

@@ -131,8 +131,26 @@ pub fn load_columns(
     split: &[usize],
     s: &Stream,
 ) -> Result<LinearWeight<Sharded<1>>> {
-    let part = [split_part(split, w.comm().rank())];
-    read_columns(w, name, shape, &part, s)?.split(w, shape, split)
+    load_column_block(w, name, shape, split_part(split, w.comm().rank()), split, s)
+}
+
+/// Columns `first..first + count` of the `[out, in]` tensor `name` of
+/// shape `shape` as this rank's part of a `Sharded<1>` weight whose ranks
+/// hold `split` columns each, where blocks may repeat (the columns of a
+/// query head two ranks share; see [`load_row_block`]).
+///
+/// # Errors
+/// As [`load_columns`].
+pub fn load_column_block(
+    w: &Weights,
+    name: &str,
+    shape: [usize; 2],
+    (first, count): (usize, usize),
+    split: &[usize],
+    s: &Stream,
+) -> Result<LinearWeight<Sharded<1>>> {
+    let columns = split.iter().sum();
+    read_columns(w, name, shape, &[(first, count)], s)?.split(w, [shape[0], columns], split)
 }
 
 /// The whole `[out, in]` tensor `name` of shape `shape` on every rank, as

@@ -22,6 +22,7 @@ mod mla;
 mod mlp;
 mod moe;
 mod norm;
+mod shared_head;
 mod slot_cache;
 mod window_cache;
 
@@ -29,7 +30,9 @@ pub use embedding::{gather_logits, Embedding};
 pub use gqa::{AttentionNames, GqaAttention, GqaConfig, Qkv, Rope};
 pub use head_split::{HeadSegment, HeadSplit};
 pub use kv_cache::{KvCache, LayerCache, LayerKv};
-pub use load_linear::{load_columns, load_replicated, load_row_block, load_rows};
+pub use load_linear::{
+    load_column_block, load_columns, load_replicated, load_row_block, load_rows,
+};
 pub use mla::{MlaAttention, MlaConfig, MlaNames};
 pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
@@ -38,5 +41,6 @@ pub use moe::{
     SharedExperts,
 };
 pub use norm::RmsNorm;
+pub use shared_head::SharedHead;
 pub use slot_cache::{SlotCache, SlotLayer, SlotRows};
 pub use window_cache::WindowCache;

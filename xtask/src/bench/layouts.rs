@@ -237,7 +237,7 @@ fn report(rows: &[Value]) {
         }
         if let (Some(p1), Some(pc), Some(p)) = (p1, pc, value(tp, "prefill_tokens_per_s")) {
             println!(
-                "target: {backend} tp=2 prefill {:.2}x one rank; ratio {:.2} of the ceiling (goal >= 0.92; query heads 5 + 4)",
+                "target: {backend} tp=2 prefill {:.2}x one rank; ratio {:.2} of the ceiling (goal >= 0.92; 4 + 4 query heads, head 4 shared by rows)",
                 p / p1,
                 p / pc
             );

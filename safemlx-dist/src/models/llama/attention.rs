@@ -61,6 +61,7 @@ impl Llama {
         let split = self.head_split().unwrap_or(HeadSplit {
             query: (0, 0),
             kv: (0, 0),
+            shared: None,
         });
         let c = &self.config;
         let values = match c.mla {

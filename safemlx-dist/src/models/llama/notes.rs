@@ -50,8 +50,8 @@ pub(in crate::models) fn load_notes(group: &Group, dir: &HfDirectory, model: &Ll
 impl Llama {
     /// What this rank holds, for its startup line: its stage and layers
     /// (in a pipeline), query and KV heads, MLP columns and experts, e.g.
-    /// `stage 1 of 2, layers 15..30; query heads 0..5, KV heads 0..2, MLP
-    /// columns 0..768`.
+    /// `stage 1 of 2, layers 15..30; query heads 0..5 (head 4 shared by
+    /// rows), KV heads 0..2, MLP columns 0..768`.
     pub fn holds(&self) -> String {
         let stage = &self.stage;
         let layers = if stage.is_whole() {
@@ -65,8 +65,12 @@ impl Llama {
         let heads = self
             .head_split()
             .map(|h| {
+                let shared = h
+                    .shared
+                    .map(|sh| format!(" (head {} shared by rows)", sh.head))
+                    .unwrap_or_default();
                 format!(
-                    "query heads {}..{}, KV heads {}..{}",
+                    "query heads {}..{}{shared}, KV heads {}..{}",
                     h.query.0,
                     h.query.0 + h.query.1,
                     h.kv.0,
