@@ -107,36 +107,51 @@ pub fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// `tp=2` against `pp=2` across the delayed links (goal: pipeline decode
-/// at least 1.8x tensor parallel), with the delaying threads' CPU time.
+/// `tp=2` against `pp=2` across the delayed links on ring and MPI (goal:
+/// pipeline decode at least 1.8x tensor parallel), with the delaying
+/// threads' CPU time and how many starts each run took.
 fn report_delayed(rows: &[Value]) {
-    let across = |mesh: &str| {
-        rows.iter()
-            .find(|r| r["link"] == "2ms" && r["mesh"] == mesh && r["impl"] == "safemlx-dist")
-    };
-    let cost = |mesh: &str| {
-        rows.iter()
-            .find(|r| r["bench"] == "layouts-delay" && r["mesh"] == mesh)
-            .and_then(|r| r["delay_threads_cpu_s"].as_f64())
-    };
-    let (Some(tp), Some(pp)) = (across("pp=1,tp=2"), across("pp=2,tp=1")) else {
-        println!("no rows across delayed links (the test network could not be built)");
-        return;
-    };
-    let value = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
-    for (name, r) in [("tp=2", tp), ("pp=2", pp)] {
-        println!(
-            "across 2 ms links: {name} prefill {:.1} tokens/s, decode {:.2} tokens/s, all_sum 4 KiB {:.0} us; the delaying threads used {:.1} CPU s",
-            value(r, "prefill_tokens_per_s"),
-            value(r, "decode_tokens_per_s"),
-            value(r, "all_sum_4k_us"),
-            cost(r["mesh"].as_str().unwrap_or("")).unwrap_or(0.0)
-        );
+    for backend in ["ring", "mpi"] {
+        // Rows of runs before MPI joined them name no backend: ring.
+        let of = |r: &&Value| r["backend"].as_str().unwrap_or("ring") == backend;
+        let across = |mesh: &str| {
+            rows.iter()
+                .filter(of)
+                .find(|r| r["link"] == "2ms" && r["mesh"] == mesh && r["impl"] == "safemlx-dist")
+        };
+        let note = |mesh: &str| {
+            rows.iter()
+                .filter(of)
+                .find(|r| r["bench"] == "layouts-delay" && r["mesh"] == mesh)
+        };
+        let value = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
+        for mesh in ["pp=1,tp=2", "pp=2,tp=1"] {
+            let name = mesh.replace("pp=1,", "").replace(",tp=1", "");
+            let attempts = note(mesh).map_or(1.0, |n| value(n, "attempts"));
+            match (across(mesh), note(mesh)) {
+                (Some(r), n) => println!(
+                    "{backend} across 2 ms links: {name} prefill {:.1} tokens/s, decode {:.2} tokens/s, all_sum 4 KiB {:.0} us; the delaying threads used {:.1} CPU s; started in {attempts} attempt(s)",
+                    value(r, "prefill_tokens_per_s"),
+                    value(r, "decode_tokens_per_s"),
+                    value(r, "all_sum_4k_us"),
+                    n.map_or(0.0, |n| value(n, "delay_threads_cpu_s")),
+                ),
+                (None, Some(n)) => println!(
+                    "{backend} across 2 ms links: {name}: {} in {attempts} attempts",
+                    n["failed"].as_str().unwrap_or("no row")
+                ),
+                (None, None) => {
+                    println!("{backend}: no rows across delayed links (the test network could not be built)");
+                }
+            }
+        }
+        if let (Some(tp), Some(pp)) = (across("pp=1,tp=2"), across("pp=2,tp=1")) {
+            println!(
+                "target: {backend} across 2 ms links pp=2 decode {:.2}x tp=2 decode (goal >= 1.8)",
+                value(pp, "decode_tokens_per_s") / value(tp, "decode_tokens_per_s").max(1e-9)
+            );
+        }
     }
-    println!(
-        "target: across 2 ms links pp=2 decode {:.2}x tp=2 decode (goal >= 1.8)",
-        value(pp, "decode_tokens_per_s") / value(tp, "decode_tokens_per_s").max(1e-9)
-    );
 }
 
 /// SmolLM2's loopback row of `backend` and `mesh`.
