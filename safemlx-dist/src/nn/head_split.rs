@@ -128,7 +128,7 @@ impl HeadSplit {
         };
         let a = all[r];
         let head = a.query.0 + a.query.1;
-        if b.query.1 + 1 != most || b.query.0 != head || head % group == 0 {
+        if group == 0 || b.query.1 + 1 != most || b.query.0 != head || head % group == 0 {
             return all;
         }
         let head = head - 1;
@@ -385,5 +385,8 @@ mod tests {
             }),
         };
         assert_eq!(owner.whole().segments(3), [seg((0, 3), (0, 1))]);
+        // No group (an invalid count of KV heads): nothing shared.
+        let all = HeadSplit::all(9, 3, 2).unwrap();
+        assert_eq!(HeadSplit::balance(all.clone(), 0), all);
     }
 }
