@@ -25,7 +25,7 @@ use safemlx::{Array, Stream};
 
 use super::grouped_sdpa;
 use super::head_rows::HeadRows;
-use super::head_split::{HeadSegment, HeadSplit};
+use super::head_split::HeadSplit;
 use super::kv_cache::LayerKv;
 use super::load_linear::load_column_block;
 use super::window_cache::window_mask;
@@ -174,11 +174,11 @@ pub struct GqaAttention {
     config: GqaConfig,
     #[parameters(skip)]
     split: HeadSplit,
-    /// This rank's whole query heads (all but a shared one) in runs of
-    /// even grouping (one fused attention call each; see
-    /// [`HeadSplit::segments`]).
+    /// This rank's query heads in runs of even grouping (one fused
+    /// attention call each; see [`HeadSplit::segments`]), and the head it
+    /// shares by rows.
     #[parameters(skip)]
-    segments: Vec<HeadSegment>,
+    runs: grouped_sdpa::Runs,
     q: LinearWeight<Sharded<0>>,
     k: LinearWeight<Sharded<0>>,
     v: LinearWeight<Sharded<0>>,
@@ -254,7 +254,7 @@ impl GqaAttention {
         Ok(Self {
             config: config.clone(),
             split,
-            segments: split.whole().segments(group),
+            runs: grouped_sdpa::Runs::of(&split, group),
             q: weight(&query, 0)?,
             k: weight(&kv, 1)?,
             v: weight(&kv, 2)?,
@@ -302,13 +302,9 @@ impl GqaAttention {
             || self.o.is_quantized()
     }
 
-    /// This rank's query heads as its attention runs them: whole heads
-    /// in runs of even grouping, and the head it shares by rows.
-    pub(super) fn runs(&self) -> grouped_sdpa::Runs<'_> {
-        grouped_sdpa::Runs {
-            segments: &self.segments,
-            shared: self.split.shared,
-        }
+    /// This rank's query heads as its attention runs them.
+    pub(super) fn runs(&self) -> &grouped_sdpa::Runs {
+        &self.runs
     }
 
     /// The heads this rank holds.

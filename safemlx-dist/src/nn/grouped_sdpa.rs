@@ -6,35 +6,51 @@
 use safemlx::fast::ScaledDotProductAttentionMask;
 use safemlx::{Array, Stream};
 
-use super::head_split::HeadSegment;
+use super::head_split::{HeadSegment, HeadSplit};
 use super::shared_head::SharedHead;
 use crate::error::Result;
 use crate::runtime::slice_axis;
 
-/// A rank's heads as its attention runs them: the runs of heads it
-/// attends whole (see [`HeadSplit::segments`](super::HeadSplit::segments)),
-/// and the head it shares by rows, if any (its first or its last).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Runs<'a> {
-    pub(super) segments: &'a [HeadSegment],
-    pub(super) shared: Option<SharedHead>,
+/// A rank's heads as its attention runs them, made once at load: the runs
+/// of all its heads (see [`HeadSplit::segments`](super::HeadSplit::segments)),
+/// the runs of the heads it attends whole when it shares one, and that
+/// shared head (its first or its last).
+#[derive(Debug, Clone)]
+pub(super) struct Runs {
+    all: Vec<HeadSegment>,
+    whole: Vec<HeadSegment>,
+    shared: Option<SharedHead>,
+}
+
+impl Runs {
+    /// The runs of `split`'s heads, `group` query heads per KV head.
+    pub(super) fn of(split: &HeadSplit, group: usize) -> Self {
+        Self {
+            all: split.segments(group),
+            whole: split.whole().segments(group),
+            shared: split.shared,
+        }
+    }
 }
 
 /// Attention of `q` `[B, heads, T, hd]` over `keys` and `values` `[B, kv,
 /// L, hd]` (heads on axis 1) with `sinks` `[heads]`: the whole heads per
-/// segment of `runs`, the shared head over this rank's rows (zeros in
-/// the other rank's), the outputs `[B, heads, T, hd]` joined in head
-/// order.
+/// run, a shared head over this rank's rows (zeros in the other rank's),
+/// the outputs `[B, heads, T, hd]` joined in head order. A rank that
+/// attends all of a shared head's rows (its owner in a decode step) runs
+/// it with the others.
 pub(super) fn attention(
-    runs: Runs<'_>,
+    runs: &Runs,
     [q, keys, values]: [&Array; 3],
     scale: f32,
     mask: Option<&ScaledDotProductAttentionMask<'_>>,
     sinks: Option<&Array>,
     s: &Stream,
 ) -> Result<Array> {
-    let Some(shared) = runs.shared else {
-        return whole(runs.segments, [q, keys, values], scale, mask, sinks, s);
+    let t = usize::try_from(q.shape()[2]).unwrap_or(0);
+    let rows = runs.shared.map(|h| (h, h.rows_of(t, keys)));
+    let Some((shared, rows)) = rows.filter(|&(_, rows)| rows != (0, t)) else {
+        return whole(&runs.all, [q, keys, values], scale, mask, sinks, s);
     };
     let heads = usize::try_from(q.shape()[1]).unwrap_or(0);
     let rest = if shared.owner { 0 } else { 1 };
@@ -46,13 +62,14 @@ pub(super) fn attention(
             &at(keys, 1, shared.kv, 1)?,
             &at(values, 1, shared.kv, 1)?,
         ],
+        rows,
         scale,
         mask,
         sink(shared.local, 1)?.as_ref(),
         s,
     )?;
     let others = whole(
-        runs.segments,
+        &runs.whole,
         [&at(q, 1, rest, heads - 1)?, keys, values],
         scale,
         mask,

@@ -50,14 +50,23 @@ impl SharedHead {
         }
     }
 
+    /// [`rows`](Self::rows) of a layer's `t` new queries over its `keys`
+    /// `[B, kv, L, hd]` (the last `t` positions the new ones).
+    pub(super) fn rows_of(&self, t: usize, keys: &Array) -> (usize, usize) {
+        let held = len(keys.shape()[2]);
+        self.rows(held.saturating_sub(t), t)
+    }
+
     /// The head's attention output `[B, 1, T, hd]`: `q` `[B, 1, T, hd]`,
     /// its keys and values `[B, 1, L, hd]` (the last `T` positions the
     /// new ones), `mask` as the layer's other heads get it (causal, or an
     /// array whose second-last axis is the `T` queries or 1), `sink`
-    /// `[1]`; this rank's rows computed, the other rank's zeros.
+    /// `[1]`; this rank's rows `(from, to)` (see
+    /// [`rows_of`](Self::rows_of)) computed, the other rank's zeros.
     pub(super) fn attend(
         &self,
         [q, keys, values]: [&Array; 3],
+        (from, to): (usize, usize),
         scale: f32,
         mask: Option<&ScaledDotProductAttentionMask<'_>>,
         sink: Option<&Array>,
@@ -65,7 +74,6 @@ impl SharedHead {
     ) -> Result<Array> {
         let shape = q.shape();
         let (t, held) = (len(shape[2]), len(keys.shape()[2]));
-        let (from, to) = self.rows(held.saturating_sub(t), t);
         let zeros = |rows: usize| -> Result<Array> {
             let rows = i32::try_from(rows).unwrap_or(0);
             Ok(safemlx::ops::zeros_dtype(
