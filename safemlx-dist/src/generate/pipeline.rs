@@ -10,6 +10,15 @@
 //! end:     stage 0 sends "stop" down the stages.
 //! ```
 //!
+//! **A shared LM head.** With tied embeddings and one rank per stage, the
+//! first stage holds the LM head's table too (it embeds with it), and it
+//! would idle while the last stage multiplies the whole vocabulary. So the
+//! head is shared: the last stage sends its final normed row `[1, D]` to
+//! stage 0, both compute half of the logits at once (stage 0 tokens
+//! `0..V/2`, the last stage the rest), the last stage sends its half, and
+//! stage 0 samples. The token then travels down with the next step's rows
+//! (or with "stop"), so the last stage still knows every token.
+//!
 //! Each stage holds only its layers' weights and KV cache. Stage 0 and the
 //! last stage know every token (stage 0 streams them); the stages between
 //! see only rows.
@@ -28,9 +37,10 @@ use crate::typed::{Sharded, ShardedArray, StageLink, StageMessage};
 /// does, with `model` one stage of a pipeline whose boundaries `link`
 /// carries (the model of stage `k` loaded on world rank `k`), the prompt
 /// prefilled in chunks of `prefill_chunk` tokens. Every stage calls it
-/// with the same prompt, limits and end tokens; the last stage's
-/// `sampler` draws the tokens, stage 0 calls `on_token` with each. A
-/// pipeline of one stage is [`generate`].
+/// with the same prompt, limits, sampler and end tokens; the last stage's
+/// `sampler` draws the tokens (stage 0's with a shared LM head, see the
+/// module), stage 0 calls `on_token` with each. A pipeline of one stage is
+/// [`generate`].
 ///
 /// # Errors
 /// An empty prompt, a chunk of 0 tokens, a model that is not stage
@@ -65,45 +75,70 @@ pub fn generate_stages(
         return Ok(out);
     }
     let started = Instant::now();
+    let split = model.shared_head_split(link.tensor().size());
+    let mut next_token = |model: &Llama| match split {
+        Some(split) => sample_shared(link, model, split, sampler, s),
+        None => receive_token(link, model, s),
+    };
     if stage.is_first() {
         let chunks: Vec<&[u32]> = prompt.chunks(prefill_chunk).collect();
         for (c, chunk) in chunks.iter().enumerate() {
             let rows = model.forward_stage(StageInput::Tokens(chunk), cache, s)?;
             link.send_hidden(&rows, c + 1 == chunks.len(), s)?;
         }
-        let first = receive_token(link, model, s)?;
+        let first = next_token(model)?;
         out.prefill_seconds = started.elapsed().as_secs_f64();
+        let mut last = None;
         decode_loop(&mut out, first, (max_tokens, eos), on_token, |token| {
             let rows = model.forward_stage(StageInput::Tokens(&[token]), cache, s)?;
-            link.send_hidden(&rows, true, s)?;
-            receive_token(link, model, s)
+            link.send_hidden_carrying(&rows, true, split.map(|_| token), s)?;
+            let next = next_token(model)?;
+            last = Some(next);
+            Ok(next)
         })?;
-        link.send_stop(s)?;
+        // With a shared head, the last token sampled goes with "stop".
+        let last = split.and(last.or(Some(first)));
+        link.send_stop_carrying(last, s)?;
         return Ok(out);
     }
     let width = model.config().hidden_size;
     let mut decode_started = None;
+    // With a shared head, the last stage learns the tokens from headers.
+    let record = |out: &mut Generated, token: Option<u32>| match token {
+        Some(token) if split.is_some() && stage.is_last() => {
+            record_sampled(out, token, (max_tokens, eos));
+        }
+        _ => {}
+    };
     loop {
         let (rows, last_chunk) = match link.receive(width, Dtype::Float32, s)? {
-            StageMessage::Stop => break,
+            StageMessage::Stop => {
+                record(&mut out, link.carried_token());
+                break;
+            }
             StageMessage::Hidden { rows, last_chunk } => (rows, last_chunk),
             StageMessage::Token(_) | StageMessage::Logits(_) => unreachable_token()?,
         };
+        let carried = link.carried_token();
+        record(&mut out, carried);
         let rows = model.forward_stage(StageInput::Hidden(rows), cache, s)?;
         if !stage.is_last() {
-            link.send_hidden(&rows, last_chunk, s)?;
+            link.send_hidden_carrying(&rows, last_chunk, carried, s)?;
         } else if !last_chunk {
             // Now, while the stages before run the next chunk: left lazy,
             // every chunk would run at the end, after theirs.
             crate::runtime::eval(&[rows.local()])?;
+        } else if let Some(split) = split {
+            // The final row to stage 0 first, so both halves run at once.
+            let normed = model.stage_final_row(&rows, s)?;
+            link.send_hidden(&normed, true, s)?;
+            let vocab = model.config().vocab_size;
+            let theirs = model.stage_vocab_logits(&normed, split..vocab, s)?;
+            link.send_logits(&theirs, s)?;
         } else {
             let token = sample_logits(&model.stage_last_logits(&rows, s)?, sampler, s)?;
             link.send_token(token, s)?;
-            if eos.contains(&token) {
-                out.stopped_at_eos = true;
-            } else if out.tokens.len() < max_tokens {
-                out.tokens.push(token);
-            }
+            record_sampled(&mut out, token, (max_tokens, eos));
         }
         if last_chunk {
             match decode_started {
@@ -116,7 +151,8 @@ pub fn generate_stages(
         }
     }
     out.decode_seconds = decode_started.map_or(0.0, |d| d.elapsed().as_secs_f64());
-    link.send_stop(s)?;
+    // Passes on the last token "stop" carried (a shared head's).
+    link.send_stop_carrying(link.carried_token(), s)?;
     Ok(out)
 }
 
@@ -176,6 +212,42 @@ pub fn forward_stages(
     let comm = logits.first().map(|l| l.comm().clone());
     let comm = comm.ok_or_else(|| Error::Shape("no chunk".to_owned()))?;
     Ok(Some(ShardedArray::from_local(all, &comm, &[rows, vocab])?))
+}
+
+/// The last stage's record of a token it sampled.
+fn record_sampled(out: &mut Generated, token: u32, (max_tokens, eos): (usize, &[u32])) {
+    if eos.contains(&token) {
+        out.stopped_at_eos = true;
+    } else if out.tokens.len() < max_tokens {
+        out.tokens.push(token);
+    }
+}
+
+/// Stage 0's token with a shared LM head: the last stage's final row, its
+/// own half of the logits (tokens `0..split`) while the last stage computes
+/// the other, then the two halves sampled together.
+fn sample_shared(
+    link: &StageLink,
+    model: &Llama,
+    split: usize,
+    sampler: &mut Sampler,
+    s: &Stream,
+) -> Result<u32> {
+    let width = model.config().hidden_size;
+    let StageMessage::Hidden { rows: normed, .. } = link.receive(width, Dtype::Float32, s)? else {
+        return unreachable_token();
+    };
+    let mine = model.stage_vocab_logits(&normed, 0..split, s)?;
+    crate::runtime::eval(&[mine.local()])?;
+    let vocab = model.config().vocab_size;
+    let StageMessage::Logits(theirs) = link.receive(vocab - split, Dtype::Float32, s)? else {
+        return unreachable_token();
+    };
+    let both =
+        safemlx::ops::concatenate_axis(&[mine.local().clone(), theirs.local().clone()], 1, s)?;
+    let rows = i32::try_from(vocab).map_err(|_| Error::ShapeOverflow { value: vocab })?;
+    let logits = ShardedArray::<Sharded<1>>::from_local(both, mine.comm(), &[1, rows])?;
+    sample_logits(&logits, sampler, s)
 }
 
 /// Stage 0's wait for the last stage's token.

@@ -81,6 +81,43 @@ impl Embedding {
         h.linear(&self.weight, s)
     }
 
+    /// The logits of vocabulary rows `vocab` only, `[T, vocab.len()]`, for
+    /// the replicated hidden states `h` `[T, D]`, from a table this rank
+    /// holds whole (a group of one): what the first and the last pipeline
+    /// stage each compute of a shared LM head.
+    ///
+    /// # Errors
+    /// A table split over several ranks, rows past the vocabulary, `h` not
+    /// `[T, D]`, or an MLX error.
+    pub fn vocab_logits(
+        &self,
+        h: &ShardedArray<Replicated>,
+        vocab: std::ops::Range<usize>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        let ranks = self.weight.comm().size();
+        if ranks != 1 || vocab.start > vocab.end || vocab.end > self.vocab() {
+            return Err(Error::Shape(format!(
+                "vocabulary rows {vocab:?} of a table of {} rows held by {ranks} ranks: a part of the LM head needs the whole table on one rank",
+                self.vocab()
+            )));
+        }
+        let rows = h.global_shape()[0];
+        let local = match &self.weight {
+            LinearWeight::Float(w) => {
+                let part = crate::runtime::slice_axis(w.local(), 0, vocab.start, vocab.len(), s)?;
+                h.local().matmul(part.transpose(s)?, s)?
+            }
+            LinearWeight::Quantized(w) => w
+                .local()
+                .rows(vocab.start, vocab.len(), s)?
+                .matmul_t(h.local(), s)?,
+        };
+        let columns =
+            i32::try_from(vocab.len()).map_err(|_| Error::ShapeOverflow { value: vocab.len() })?;
+        ShardedArray::from_local(local, h.comm(), &[rows, columns])
+    }
+
     /// Bytes of this rank's rows.
     pub fn nbytes(&self) -> usize {
         self.weight.nbytes()

@@ -102,6 +102,69 @@ impl Llama {
         self.last_logits(hidden, &[rows], s)
     }
 
+    /// Where the vocabulary of a shared LM head splits, when this pipeline
+    /// shares it (see [`generate_stages`](crate::generate::generate_stages)):
+    /// the first stage computes the logits of tokens `0..split`, the last
+    /// stage those of `split..V`. Shared when the embeddings are tied (the
+    /// first stage holds the table too), there are at least two stages,
+    /// and each stage is one rank (`ranks_per_stage`); `None` otherwise.
+    /// Every stage answers alike.
+    pub fn shared_head_split(&self, ranks_per_stage: usize) -> Option<usize> {
+        let shared = self.config.tie_word_embeddings
+            && self.stage.count >= 2
+            && ranks_per_stage == 1
+            && self.config.vocab_size >= 2;
+        shared.then_some(self.config.vocab_size / 2)
+    }
+
+    /// On the last stage, the final norm of the last row of `hidden` (what
+    /// [`forward_stage`](Self::forward_stage) returned), `[1, D]`: what a
+    /// shared LM head's two parts multiply.
+    ///
+    /// # Errors
+    /// A stage other than the last, no rows, or an MLX error.
+    pub fn stage_final_row(
+        &self,
+        hidden: &ShardedArray<Replicated>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        let &[rows, width] = hidden.global_shape() else {
+            return Err(Error::Shape(format!(
+                "hidden rows are [T, D], got {:?}",
+                hidden.global_shape()
+            )));
+        };
+        let norm = self.final_norm()?;
+        let start = usize::try_from(rows - 1)
+            .map_err(|_| Error::Shape(format!("stage {} got no hidden rows", self.stage.index)))?;
+        let last = crate::runtime::slice_axis(hidden.local(), 0, start, 1, s)?;
+        norm.forward(
+            &ShardedArray::from_local(last, hidden.comm(), &[1, width])?,
+            s,
+        )
+    }
+
+    /// On the first or the last stage of a pipeline that shares its LM
+    /// head, the logits of tokens `vocab` for the normed rows `normed`
+    /// ([`stage_final_row`](Self::stage_final_row)), `[T, vocab.len()]`.
+    ///
+    /// # Errors
+    /// A stage without the tied table, a table split over several ranks,
+    /// tokens past the vocabulary, or an MLX error.
+    pub fn stage_vocab_logits(
+        &self,
+        normed: &ShardedArray<Replicated>,
+        vocab: std::ops::Range<usize>,
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
+        let table = self
+            .embed
+            .as_ref()
+            .filter(|_| self.config.tie_word_embeddings)
+            .ok_or_else(|| self.not_here("the tied LM head"))?;
+        table.vocab_logits(normed, vocab, s)
+    }
+
     /// The LM head: its own table, or the embedding when tied (the last
     /// stage's).
     pub(super) fn head(&self) -> Result<&Embedding> {

@@ -8,7 +8,9 @@
 //! stage's exit passes what it receives on to the next rank of its stage,
 //! so each rank of a stage receives the same messages in the same order.
 //! The last stage's exit and world rank 0 are neighbours too (the ring
-//! closes): the sampled token goes back to the first stage in one hop.
+//! closes): the sampled token goes back to the first stage in one hop (with
+//! a shared LM head, the final row and the last stage's half of the
+//! logits, the token then riding down in the next header).
 //!
 //! ```text
 //! pp=2, tp=2:   rank 0 -> rank 1 -> rank 2 -> rank 3 -> rank 0
@@ -75,6 +77,8 @@ pub struct StageLink {
     /// Gradients sent back to the previous stage and received from the next.
     sent_back: Cell<i32>,
     received_back: Cell<i32>,
+    /// The token the last header received carried, if any.
+    carried: Cell<Option<u32>>,
 }
 
 impl StageLink {
@@ -97,6 +101,7 @@ impl StageLink {
             received: Cell::new(0),
             sent_back: Cell::new(0),
             received_back: Cell::new(0),
+            carried: Cell::new(None),
         })
     }
 
@@ -128,22 +133,34 @@ impl StageLink {
         (self.world.rank() + self.world.size() - 1) % self.world.size()
     }
 
-    /// Sends `rows` to the next stage.
+    /// Sends `rows` to the next stage (from the last stage: its final row
+    /// to the first stage, for a shared LM head).
     ///
     /// # Errors
-    /// The last stage (it sends tokens), rows that are not `[T, D]`, or
-    /// the transport's error.
+    /// Rows that are not `[T, D]`, or the transport's error.
     pub fn send_hidden(
         &self,
         rows: &ShardedArray<Replicated>,
         last_chunk: bool,
         s: &Stream,
     ) -> Result<()> {
-        if self.is_last() {
-            return Err(Error::Shape(
-                "the last stage sends tokens, not hidden rows".to_owned(),
-            ));
-        }
+        self.send_hidden_carrying(rows, last_chunk, None, s)
+    }
+
+    /// As [`send_hidden`](Self::send_hidden), the header carrying `token`
+    /// too (the token these rows embed, on its way to the last stage,
+    /// which reads it with [`carried_token`](Self::carried_token)).
+    ///
+    /// # Errors
+    /// As [`send_hidden`](Self::send_hidden), or a token past `i32`.
+    pub fn send_hidden_carrying(
+        &self,
+        rows: &ShardedArray<Replicated>,
+        last_chunk: bool,
+        token: Option<u32>,
+        s: &Stream,
+    ) -> Result<()> {
+        let token = carry(token)?;
         let (t, d, dtype) = rows_header(rows)?;
         if !self.is_exit() {
             // The next rank of this stage got these rows' input already; the
@@ -151,7 +168,7 @@ impl StageLink {
             // need this rank (left lazy, its exit would wait for it).
             return runtime::eval(&[rows.local()]);
         }
-        self.send_header([HIDDEN, 0, t, d, dtype, i32::from(last_chunk), -1], s)?;
+        self.send_header([HIDDEN, 0, t, d, dtype, i32::from(last_chunk), token], s)?;
         self.send_payload(rows.local(), self.next(), s)
     }
 
@@ -194,10 +211,26 @@ impl StageLink {
     /// # Errors
     /// The transport's error.
     pub fn send_stop(&self, s: &Stream) -> Result<()> {
+        self.send_stop_carrying(None, s)
+    }
+
+    /// As [`send_stop`](Self::send_stop), the header carrying the last
+    /// `token` the first stage sampled.
+    ///
+    /// # Errors
+    /// The transport's error, or a token past `i32`.
+    pub fn send_stop_carrying(&self, token: Option<u32>, s: &Stream) -> Result<()> {
+        let token = carry(token)?;
         if self.is_last() || !self.is_exit() {
             return Ok(());
         }
-        self.send_header([STOP, 0, 0, 0, 0, 1, -1], s)
+        self.send_header([STOP, 0, 0, 0, 0, 1, token], s)
+    }
+
+    /// The token the last message received carried (see
+    /// [`send_hidden_carrying`](Self::send_hidden_carrying)), if any.
+    pub fn carried_token(&self) -> Option<u32> {
+        self.carried.get()
     }
 
     /// The world group the stages span.
@@ -239,12 +272,16 @@ impl StageLink {
             ));
         }
         let from_last = self.stage() == 0;
+        self.carried.set(match kind {
+            HIDDEN | STOP => u32::try_from(token).ok(),
+            _ => None,
+        });
         match (kind, from_last) {
             (STOP, false) => Ok(StageMessage::Stop),
             (TOKEN, true) => u32::try_from(token)
                 .map(StageMessage::Token)
                 .map_err(|_| self.mismatch(from, "a token id", &token.to_string())),
-            (HIDDEN, false) | (LOGITS, true) => {
+            (HIDDEN, _) | (LOGITS, true) => {
                 let want = (i32::try_from(width).ok(), dtype_code(dtype)?);
                 if t < 1 || (Some(d), code) != want {
                     return Err(self.mismatch(
@@ -266,7 +303,7 @@ impl StageLink {
             _ => Err(self.mismatch(
                 from,
                 if from_last {
-                    "a token or logits"
+                    "a token, logits or the last stage's row"
                 } else {
                     "hidden rows or the end"
                 },
@@ -369,6 +406,11 @@ fn rows_header(rows: &ShardedArray<Replicated>) -> Result<(i32, i32, i32)> {
             "a stage sends [T, D] rows; got {shape:?}"
         ))),
     }
+}
+
+/// A header's token slot: the token, or -1 for none.
+fn carry(token: Option<u32>) -> Result<i32> {
+    token.map_or(Ok(-1), |t| i32::try_from(t).map_err(|_| overflow(t)))
 }
 
 fn overflow(token: u32) -> Error {
