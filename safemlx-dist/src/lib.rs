@@ -33,6 +33,8 @@ extern crate self as safemlx_dist;
 pub mod affine;
 pub mod checkpoint;
 mod error;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod fmaf;
 pub mod generate;
 pub mod grad;
 #[cfg(feature = "launcher")]

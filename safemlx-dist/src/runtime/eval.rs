@@ -41,6 +41,8 @@ use crate::error::{Error, Result};
 /// # Errors
 /// What the evaluation raised (e.g. a collective's transport error).
 pub fn eval(arrays: &[&Array]) -> Result<()> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    crate::fmaf::keep_linked();
     let _waiting = super::deadline::waiting();
     if super::gradient_sum::is_tracing() {
         // MLX refuses an asynchronous evaluation inside a transformation.
