@@ -140,6 +140,19 @@ impl Llama {
         lens: &[usize],
         s: &Stream,
     ) -> Result<ShardedArray<Sharded<1>>> {
+        let last = self.last_rows(x, lens, s)?;
+        self.head()?
+            .logits(&self.final_norm()?.forward(&last, s)?, s)
+    }
+
+    /// Each sequence's last row of `x` (`lens` rows each, at least one),
+    /// `[lens.len(), D]`.
+    pub(super) fn last_rows(
+        &self,
+        x: &ShardedArray<Replicated>,
+        lens: &[usize],
+        s: &Stream,
+    ) -> Result<ShardedArray<Replicated>> {
         let mut end = 0;
         let last: Vec<i32> = lens
             .iter()
@@ -154,9 +167,7 @@ impl Llama {
             .local()
             .take_axis(Array::from_slice(&last, &[rows]), 0, s)?;
         let d = x.global_shape()[1];
-        let last = ShardedArray::from_local(picked, x.comm(), &[rows, d])?;
-        self.head()?
-            .logits(&self.final_norm()?.forward(&last, s)?, s)
+        ShardedArray::from_local(picked, x.comm(), &[rows, d])
     }
 
     /// The residual stream after the last layer, before the final norm:

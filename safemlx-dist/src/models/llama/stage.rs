@@ -128,20 +128,20 @@ impl Llama {
         hidden: &ShardedArray<Replicated>,
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
-        let &[rows, width] = hidden.global_shape() else {
+        let &[rows, _] = hidden.global_shape() else {
             return Err(Error::Shape(format!(
                 "hidden rows are [T, D], got {:?}",
                 hidden.global_shape()
             )));
         };
         let norm = self.final_norm()?;
-        let start = usize::try_from(rows - 1)
-            .map_err(|_| Error::Shape(format!("stage {} got no hidden rows", self.stage.index)))?;
-        let last = crate::runtime::slice_axis(hidden.local(), 0, start, 1, s)?;
-        norm.forward(
-            &ShardedArray::from_local(last, hidden.comm(), &[1, width])?,
-            s,
-        )
+        let rows = usize::try_from(rows)
+            .ok()
+            .filter(|&rows| rows >= 1)
+            .ok_or_else(|| {
+                Error::Shape(format!("stage {} got no hidden rows", self.stage.index))
+            })?;
+        norm.forward(&self.last_rows(hidden, &[rows], s)?, s)
     }
 
     /// On the first or the last stage of a pipeline that shares its LM
