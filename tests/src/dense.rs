@@ -1,6 +1,6 @@
 //! Helpers for comparing parallel layers with dense computations.
 
-use safemlx::{Array, Stream};
+use safemlx::{Array, Dtype, Stream};
 use safemlx_dist::typed::chunk;
 use safemlx_dist::Group;
 
@@ -54,6 +54,20 @@ pub fn host(a: &Array, s: &Stream) -> Vec<f32> {
         .expect("evaluates")
         .try_to_vec::<f32>()
         .expect("float32")
+}
+
+/// `a`'s bytes in row-major order, whatever its dtype (for bit-exact
+/// comparisons of files and dtypes `host` cannot read).
+pub fn host_bytes(a: &Array, s: &Stream) -> Vec<u8> {
+    let raw = a
+        .contiguous(false, s)
+        .and_then(|a| a.reshape(&[-1], s))
+        .and_then(|a| a.view_dtype(Dtype::Uint8, s))
+        .expect("bytes");
+    raw.into_evaluated()
+        .expect("evaluates")
+        .try_to_vec::<u8>()
+        .expect("u8")
 }
 
 /// The largest absolute difference, relative to the largest reference

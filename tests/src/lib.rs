@@ -23,6 +23,15 @@ pub fn cpu() -> Stream {
     Stream::new_with_device(&Device::new(DeviceType::Cpu, 0))
 }
 
+/// A path in the temporary directory for a test's safetensors file,
+/// unique to this process.
+pub fn temp_safetensors(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "safemlx-dist-test-{}-{name}.safetensors",
+        std::process::id()
+    ))
+}
+
 /// `values` (small integers, exact in every dtype of [`DTYPES`]) as `dtype`.
 pub fn array(values: &[i32], shape: &[i32], dtype: Dtype, stream: &Stream) -> Array {
     Array::from_slice(values, shape)
