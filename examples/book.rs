@@ -13,6 +13,9 @@ pub struct Runtime;
 #[doc = include_str!("../book/src/launching.md")]
 pub struct Launching;
 
+#[doc = include_str!("../book/src/several-hosts.md")]
+pub struct SeveralHosts;
+
 #[doc = include_str!("../book/src/lowerings.md")]
 pub struct Lowerings;
 
@@ -34,17 +37,32 @@ pub struct Checkpoints;
 #[doc = include_str!("../book/src/models.md")]
 pub struct Models;
 
+#[doc = include_str!("../book/src/generation-measured.md")]
+pub struct GenerationMeasured;
+
 #[doc = include_str!("../book/src/writing-a-model.md")]
 pub struct WritingAModel;
 
 #[doc = include_str!("../book/src/meshes.md")]
 pub struct MeshesAndPipelines;
 
+#[doc = include_str!("../book/src/pipelines.md")]
+pub struct Pipelines;
+
+#[doc = include_str!("../book/src/layouts-measured.md")]
+pub struct LayoutsMeasured;
+
 #[doc = include_str!("../book/src/training.md")]
 pub struct Training;
 
 #[doc = include_str!("../book/src/design.md")]
 pub struct Design;
+
+#[doc = include_str!("../book/src/design-typed.md")]
+pub struct DesignTyped;
+
+#[doc = include_str!("../book/src/design-models.md")]
+pub struct DesignModels;
 
 #[doc = include_str!("../README.md")]
 pub struct Readme;
