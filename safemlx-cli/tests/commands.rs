@@ -142,17 +142,6 @@ fn bad_options_name_the_flag() {
         "{}",
         text(&out)
     );
-    let deepseek = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/golden/moe/deepseek-v3"
-    );
-    let out = safemlx(1, &["serve", "--port", "0", "--model", deepseek], "");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(
-        text(&out).contains("deepseek-v3: latent attention (DeepSeek-V3) does not run on the server's slot cache yet; `safemlx generate` and `safemlx chat` run it"),
-        "{}",
-        text(&out)
-    );
     // A layout that does not fit the run stops before any weight is read.
     let out = safemlx(1, &["generate", "--prompt", "x", "--mesh", "pp=3"], "");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

@@ -3,9 +3,10 @@
 //! cache, at 1 to 4 ranks, for a dense Llama with 3 KV heads, Qwen3's q/k
 //! norms, Phi-3's fused tensors, Mixtral's experts, GLM-4-MoE's partial
 //! rotation, sliding windows of 3 (Llama) and 4 (gpt-oss, with its
-//! attention sinks) that the sequences outgrow: prompt blocks in two slots, then single tokens out of slot
-//! order with a new sequence's block among them, then a slot cut back and
-//! continued.
+//! attention sinks) that the sequences outgrow, and DeepSeek-V3's latent
+//! attention (with and without a query latent, YaRN): prompt blocks in two
+//! slots, then single tokens out of slot order with a new sequence's block
+//! among them, then a slot cut back and continued.
 
 use safemlx::Stream;
 use safemlx_dist::checkpoint::HfDirectory;
@@ -17,7 +18,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::{host, max_relative_error};
 use safemlx_dist_tests::models::{golden, golden_dir as dir};
 
-const CASES: [&str; 7] = [
+const CASES: [&str; 9] = [
     "llama/llama-tied-kv3",
     "llama/llama-window",
     "llama/qwen3-qknorm",
@@ -25,6 +26,8 @@ const CASES: [&str; 7] = [
     "moe/mixtral",
     "moe/glm4-moe",
     "moe/gpt-oss",
+    "moe/deepseek-v3",
+    "moe/deepseek-v3-lite",
 ];
 
 /// The last row of logits of `tokens` run alone on `cache`.
@@ -64,16 +67,17 @@ fn check(group: &Group) {
             let err = max_relative_error(got, want);
             assert!(err <= 1e-4, "{what}: {step}: relative error {err}");
         };
-        // Two prompts in slots 0 and 2.
-        let got = on_slots(&model, &[(0, &p[..5]), (2, &p[2..7])], &mut slots, &s);
+        // Two prompts of 5 and 4 tokens in slots 0 and 2.
+        let got = on_slots(&model, &[(0, &p[..5]), (2, &p[2..6])], &mut slots, &s);
         let mut want = alone(&model, &p[..5], &mut caches[0], &s);
-        want.extend(alone(&model, &p[2..7], &mut caches[2], &s));
+        want.extend(alone(&model, &p[2..6], &mut caches[2], &s));
         close(&got, &want, "two prompt blocks");
-        assert_eq!((slots.len(0), slots.len(1), slots.len(2)), (5, 0, 5));
-        // Single tokens out of slot order, a new sequence's block between.
-        let batch: [(usize, &[u32]); 3] = [(2, &p[7..8]), (1, &p[..3]), (0, &p[5..6])];
+        assert_eq!((slots.len(0), slots.len(1), slots.len(2)), (5, 0, 4));
+        // Single tokens out of slot order at different positions (each
+        // sees only its own slot's), a new sequence's block between.
+        let batch: [(usize, &[u32]); 3] = [(2, &p[6..7]), (1, &p[..3]), (0, &p[5..6])];
         let got = on_slots(&model, &batch, &mut slots, &s);
-        let mut want = alone(&model, &p[7..8], &mut caches[2], &s);
+        let mut want = alone(&model, &p[6..7], &mut caches[2], &s);
         want.extend(alone(&model, &p[..3], &mut caches[1], &s));
         want.extend(alone(&model, &p[5..6], &mut caches[0], &s));
         close(&got, &want, "single tokens around a block");

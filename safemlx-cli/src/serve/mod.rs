@@ -103,13 +103,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let placed = args.model.load(&group, &s)?;
     let (loaded, link) = (&placed.loaded, placed.link.as_ref());
     let model = &loaded.model;
-    if model.config().mla.is_some() {
-        // Every rank reads the same config.json and stops here.
-        return Err(format!(
-            "model {}: latent attention (DeepSeek-V3) does not run on the server's slot cache yet; `safemlx generate` and `safemlx chat` run it",
-            args.model.path()?.display()
-        ));
-    }
     // The KV cache of one token on the rank that holds the most (a stage
     // of more layers, a rank of more KV heads): one all_gather, every rank.
     let cache_bytes_per_token = most_over(&group, model.cache_bytes_per_token(), &s)?;

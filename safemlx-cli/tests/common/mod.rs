@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Lines};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,11 @@ impl Server {
 
     /// A server with `SAFEMLX_DIST_TIMEOUT` set to `timeout` seconds.
     pub fn start_timeout(ranks: usize, args: &[&str], timeout: u32) -> Self {
+        Self::start_model(ranks, &model(), args, timeout)
+    }
+
+    /// A server of `model` (a GGUF file or a Hugging Face directory).
+    pub fn start_model(ranks: usize, model: &Path, args: &[&str], timeout: u32) -> Self {
         let port = free_port();
         let exe = PathBuf::from(env!("CARGO_BIN_EXE_safemlx"));
         let launch = exe.with_file_name("safemlx-launch");
@@ -61,7 +66,7 @@ impl Server {
             .args(["-n", &ranks.to_string(), "--timeout", "600", "--"])
             .arg(exe)
             .args(["serve", "--port", &port.to_string(), "--model"])
-            .arg(model())
+            .arg(model)
             .args(args)
             .env("SAFEMLX_DIST_TIMEOUT", timeout.to_string())
             .stdout(file.try_clone().expect("log"))

@@ -13,9 +13,9 @@ use safemlx::{Array, Stream};
 
 use super::gqa::{GqaAttention, Rope};
 use super::grouped_sdpa;
-use super::slot_cache::{SlotLayer, SlotRows};
+use super::slot_cache::{in_batch_order, int, positions, SlotLayer, SlotRows};
 use super::window_cache::window_mask;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::typed::{Replicated, ShardedArray};
 
 impl GqaAttention {
@@ -63,12 +63,7 @@ impl GqaAttention {
         }
         // Every row as its own batch entry, [T, heads, 1, hd], rotated at
         // its own position.
-        let positions = rows
-            .iter()
-            .flat_map(|r| r.start..r.start + r.len)
-            .map(int)
-            .collect::<Result<Vec<i32>>>()?;
-        let positions = Array::from_slice(&positions, &[t]);
+        let positions = positions(rows)?;
         let (mut q, mut k) = (
             q.reshape(&[t, heads, 1, hd], s)?,
             k.reshape(&[t, kv, 1, hd], s)?,
@@ -77,8 +72,11 @@ impl GqaAttention {
             q = safemlx::fast::rms_norm(&q, q_norm, config.norm_eps, s)?;
             k = safemlx::fast::rms_norm(&k, k_norm, config.norm_eps, s)?;
         }
-        let q = rotate(&config.rope, &q, &positions, s)?;
-        let k = rotate(&config.rope, &k, &positions, s)?.reshape(&[t, kv, hd], s)?;
+        let q = config.rope.apply_at(&q, &positions, s)?;
+        let k = config
+            .rope
+            .apply_at(&k, &positions, s)?
+            .reshape(&[t, kv, hd], s)?;
         let v = v.reshape(&[t, kv, hd], s)?;
         // [slots, kv, capacity, hd]
         let (keys, values) = layer.write(rows, slots, [&k, &v], s)?;
@@ -133,16 +131,7 @@ impl GqaAttention {
             pieces.insert(0, out);
             order.splice(0..0, singles.iter().map(|row| row.0));
         }
-        let out = safemlx::ops::concatenate_axis(&pieces, 0, s)?;
-        if order.iter().enumerate().all(|(i, &r)| i as i32 == r) {
-            return Ok(out);
-        }
-        // Back to the batch's order.
-        let mut back = vec![0i32; order.len()];
-        for (i, &r) in order.iter().enumerate() {
-            back[r as usize] = int(i)?;
-        }
-        Ok(out.take_axis(Array::from_slice(&back, &[t]), 0, s)?)
+        in_batch_order(&pieces, &order, s)
     }
 
     /// The single-token rows' attention, `[B, heads × hd]`: `singles` holds
@@ -224,21 +213,19 @@ impl GqaAttention {
     }
 }
 
-/// `x` `[T, heads, 1, hd]` with row `i` rotated at `positions[i]`.
-fn rotate(rope: &Rope, x: &Array, positions: &Array, s: &Stream) -> Result<Array> {
-    let x = rope.prescale(x, s)?;
-    Ok(safemlx::fast::rope_dynamic(
-        &x,
-        rope.dims,
-        rope.traditional,
-        rope.base,
-        rope.scale,
-        positions,
-        rope.freqs.as_ref(),
-        s,
-    )?)
-}
-
-fn int(v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v })
+impl Rope {
+    /// `x` `[T, heads, 1, hd]` with row `i` rotated at `positions[i]`.
+    pub(super) fn apply_at(&self, x: &Array, positions: &Array, s: &Stream) -> Result<Array> {
+        let x = self.prescale(x, s)?;
+        Ok(safemlx::fast::rope_dynamic(
+            &x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            positions,
+            self.freqs.as_ref(),
+            s,
+        )?)
+    }
 }

@@ -227,6 +227,34 @@ impl MlaAttention {
         s: &Stream,
     ) -> Result<ShardedArray<Replicated>> {
         let rows: usize = batch.iter().map(|(len, _)| len).sum();
+        self.around_heads(x, rows, s, |q, kv, norm, kv_b| {
+            let mut start = 0;
+            let mut outputs = Vec::with_capacity(batch.len());
+            for (len, cache) in batch.iter_mut() {
+                let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
+                let latent = self.latent(&rows(kv)?, norm, s)?;
+                outputs.push(self.attend(&rows(q)?, latent, kv_b, *cache, s)?);
+                start += *len;
+            }
+            match outputs.len() {
+                1 => Ok(outputs.swap_remove(0)),
+                _ => Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?),
+            }
+        })
+    }
+
+    /// The projections around the heads of `x` `[rows, D]`: `heads` gets
+    /// this rank's queries `[rows, heads (nope + rope)]`, the replicated
+    /// `kv_a x` `[rows, r + rope]` and the latent's norm, and this rank's
+    /// `kv_b` rows `[heads (nope + v), r]`, and returns the heads' output
+    /// `[rows, heads v]`; then the output projection and its `all_sum`.
+    pub(super) fn around_heads(
+        &self,
+        x: &ShardedArray<Replicated>,
+        rows: usize,
+        s: &Stream,
+        mut heads: impl FnMut(&Array, &Array, &Array, &Array) -> Result<Array>,
+    ) -> Result<ShardedArray<Replicated>> {
         check_tokens(x, rows, self.config.dim)?;
         let q = match (&self.q_a, &self.q_a_norm) {
             (Some(a), Some(norm)) => norm.forward(&x.linear(a, s)?, s)?.linear(&self.q, s)?,
@@ -236,7 +264,7 @@ impl MlaAttention {
         // kv_b's rows are heads: transposed, it splits like q's columns.
         let kv_b = self.kv_b.transpose(s)?;
         let v_dim = self.config.v_dim;
-        let heads: Vec<usize> = match self.o.axis_split() {
+        let split: Vec<usize> = match self.o.axis_split() {
             Some(split) => split,
             None => vec![self.config.heads * v_dim],
         };
@@ -244,24 +272,12 @@ impl MlaAttention {
         let out = shard_map(
             [&q, &kv_b],
             &[&kv, &self.kv_a_norm],
-            (&global, Some(heads.as_slice())),
+            (&global, Some(split.as_slice())),
             |[q, kv_b], replicated| {
                 let [kv, norm] = replicated.as_slice() else {
                     return Err(Error::Shape("latent attention lost an input".to_owned()));
                 };
-                let kv_b = kv_b.transpose(s)?;
-                let mut start = 0;
-                let mut outputs = Vec::with_capacity(batch.len());
-                for (len, cache) in batch.iter_mut() {
-                    let rows = |a: &Array| slice_axis(a, 0, start, *len, s);
-                    let latent = self.latent(&rows(kv)?, norm, s)?;
-                    outputs.push(self.attend(&rows(&q)?, latent, &kv_b, *cache, s)?);
-                    start += *len;
-                }
-                match outputs.len() {
-                    1 => Ok(outputs.swap_remove(0)),
-                    _ => Ok(safemlx::ops::concatenate_axis(&outputs, 0, s)?),
-                }
+                heads(&q, kv, norm, &kv_b.transpose(s)?)
             },
             s,
         )?;
@@ -270,7 +286,7 @@ impl MlaAttention {
 
     /// A sequence's `[T, r + rope]` rows of `kv_a x` as the normed latent
     /// `[1, 1, T, r]` and the (not yet rotated) RoPE key `[1, 1, T, rope]`.
-    fn latent(&self, kv: &Array, norm: &Array, s: &Stream) -> Result<[Array; 2]> {
+    pub(super) fn latent(&self, kv: &Array, norm: &Array, s: &Stream) -> Result<[Array; 2]> {
         let t = kv.shape()[0];
         let (r, rope) = (self.config.kv_lora_rank, self.config.rope_dim);
         let c = slice_axis(kv, 1, 0, r, s)?;
@@ -302,7 +318,7 @@ impl MlaAttention {
             cache.skip(t as usize);
             return Ok(safemlx::ops::zeros_dtype(&[t, 0], q.dtype(), s)?);
         }
-        let [nope, rope, v_dim, r] = [c.nope_dim, c.rope_dim, c.v_dim, c.kv_lora_rank];
+        let [nope, rope, v_dim] = [c.nope_dim, c.rope_dim, c.v_dim];
         // [T, heads (nope + rope)] -> [1, heads, T, nope + rope]
         let q = q
             .reshape(&[1, t, heads, (nope + rope) as i32], s)?
@@ -315,12 +331,43 @@ impl MlaAttention {
         let k_rope = c.rope.apply(&k_rope, offset, s)?;
         // [1, 1, S, r] and [1, 1, S, rope]
         let (latents, k_ropes) = cache.append(&latent, &k_rope, s)?;
-        let scale = Array::from_f32(c.scale).as_dtype(q.dtype(), s)?;
+        let allowed = (t > 1)
+            .then(|| causal(t as usize, latents.shape()[2] as usize, offset))
+            .transpose()?;
+        let out =
+            self.attend_latents([&q_nope, &q_rope], [&latents, &k_ropes], allowed, kv_b, s)?;
+        // [1, heads, T, v] -> [T, heads v]
+        Ok(out
+            .transpose_axes(&[0, 2, 1, 3], s)?
+            .reshape(&[t, heads * v_dim as i32], s)?)
+    }
+
+    /// Attention of `N` groups of rows over their latents: `q_nope` `[N,
+    /// heads, T, nope]` and the rotated `q_rope` `[N, heads, T, rope]`,
+    /// `latents` `[N, 1, S, r]` and rotated `k_ropes` `[N, 1, S, rope]`;
+    /// `allowed` (broadcast to `[N, heads, T, S]`) the positions each row
+    /// sees, all when `None`; `kv_b` this rank's rows `[heads (nope + v),
+    /// r]`. One row per group (`T = 1`) absorbs `kv_b` into the query and
+    /// the output; several expand the latents to keys and values. Returns
+    /// `[N, heads, T, v]`.
+    pub(super) fn attend_latents(
+        &self,
+        [q_nope, q_rope]: [&Array; 2],
+        [latents, k_ropes]: [&Array; 2],
+        allowed: Option<Array>,
+        kv_b: &Array,
+        s: &Stream,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let (heads, t) = (q_nope.shape()[1], q_nope.shape()[2]);
+        let [nope, v_dim, r] = [c.nope_dim, c.v_dim, c.kv_lora_rank];
+        let scale = Array::from_f32(c.scale).as_dtype(q_nope.dtype(), s)?;
         let mut rope_scores = q_rope
             .multiply(&scale, s)?
             .matmul(&k_ropes.swap_axes(2, 3, s)?, s)?;
-        if t > 1 {
-            rope_scores = causal(&rope_scores, offset, s)?;
+        if let Some(allowed) = allowed {
+            let lowest = Array::from_f32(f32::MIN).as_dtype(rope_scores.dtype(), s)?;
+            rope_scores = safemlx::ops::r#where(&allowed, &rope_scores, &lowest, s)?;
         }
         let mask = Some(ScaledDotProductAttentionMask::Array(&rope_scores));
         // [heads (nope + v), r] -> the keys' [heads, nope, r] and the
@@ -330,32 +377,25 @@ impl MlaAttention {
         let w_v = slice_axis(&kv_b, 1, nope, v_dim, s)?;
         let w_v_t = w_v.swap_axes(1, 2, s)?;
         let sdpa = safemlx::fast::scaled_dot_product_attention;
-        let out = if t == 1 {
+        Ok(if t == 1 {
             // Absorbed: a latent-space query attends over the latents.
             let q_latent = q_nope.matmul(&w_k, s)?;
-            let out = sdpa(&q_latent, &latents, &latents, c.scale, mask, None, s)?;
+            let out = sdpa(&q_latent, latents, latents, c.scale, mask, None, s)?;
             out.matmul(&w_v_t, s)?
         } else {
             let keys = latents.matmul(&w_k.swap_axes(1, 2, s)?, s)?;
             let values = latents.matmul(&w_v_t, s)?;
-            sdpa(&q_nope, &keys, &values, c.scale, mask, None, s)?
-        };
-        // [1, heads, T, v] -> [T, heads v]
-        Ok(out
-            .transpose_axes(&[0, 2, 1, 3], s)?
-            .reshape(&[t, heads * v_dim as i32], s)?)
+            sdpa(q_nope, &keys, &values, c.scale, mask, None, s)?
+        })
     }
 }
 
-/// `scores` `[1, heads, T, S]` of rows at positions `offset..offset + T`
-/// with the positions after each row's set to the lowest float.
-fn causal(scores: &Array, offset: usize, s: &Stream) -> Result<Array> {
-    let shape = scores.shape();
-    let (t, total) = (shape[2] as usize, shape[3] as usize);
+/// Which of `total` positions rows at positions `offset..offset + t` see
+/// (each its own and those before), `[t, total]`.
+pub(super) fn causal(t: usize, total: usize, offset: usize) -> Result<Array> {
     let allowed: Vec<bool> = (0..t)
         .flat_map(|i| (0..total).map(move |j| j <= offset + i))
         .collect();
-    let allowed = Array::from_slice(&allowed, &[t as i32, total as i32]);
-    let lowest = Array::from_f32(f32::MIN).as_dtype(scores.dtype(), s)?;
-    Ok(safemlx::ops::r#where(&allowed, scores, &lowest, s)?)
+    let dim = |v: usize| i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v });
+    Ok(Array::from_slice(&allowed, &[dim(t)?, dim(total)?]))
 }

@@ -136,12 +136,13 @@ impl SlotCache {
 
 impl SlotLayer {
     /// Makes room for `end` positions per slot (`[slots × kv, capacity,
-    /// hd]`), growing by whole [`STEP`]s; returns the capacity.
+    /// hd]`, keys and values each with their own `hd`), growing by whole
+    /// [`STEP`]s; returns the capacity.
     fn reserve(
         &mut self,
         slots: usize,
         end: usize,
-        [kv, hd]: [i32; 2],
+        [kv, k_hd, v_hd]: [i32; 3],
         dtype: Dtype,
         s: &Stream,
     ) -> Result<usize> {
@@ -151,7 +152,7 @@ impl SlotLayer {
         let step = STEP as usize;
         let capacity = end.div_ceil(step) * step;
         let (n, old_cap, cap) = (int(slots)? * kv, int(self.capacity)?, int(capacity)?);
-        let grow = |old: Option<Array>| -> Result<Array> {
+        let grow = |old: Option<Array>, hd: i32| -> Result<Array> {
             let more = safemlx::ops::zeros_dtype(&[n, cap - old_cap, hd], dtype, s)?;
             let whole = match old {
                 Some(old) => {
@@ -166,14 +167,16 @@ impl SlotLayer {
             Some((k, v)) => (Some(k), Some(v)),
             None => (None, None),
         };
-        self.buffers = Some((grow(k)?, grow(v)?));
+        self.buffers = Some((grow(k, k_hd)?, grow(v, v_hd)?));
         self.capacity = capacity;
         Ok(capacity)
     }
 
-    /// Writes this layer's new keys and values, `k` and `v` `[T, kv, hd]`
-    /// (the batch's rows in order), at each sequence's positions with one
-    /// scatter each; returns the buffers as `[slots, kv, capacity, hd]`.
+    /// Writes this layer's new keys and values, `k` `[T, kv, hd]` and `v`
+    /// `[T, kv, hd_v]` (the batch's rows in order; latent attention keeps
+    /// its latent as the keys and its rotated key as the values), at each
+    /// sequence's positions with one scatter each; returns the buffers as
+    /// `[slots, kv, capacity, hd]` and `[slots, kv, capacity, hd_v]`.
     ///
     /// # Errors
     /// An MLX error, or positions beyond `i32`.
@@ -184,9 +187,9 @@ impl SlotLayer {
         [k, v]: [&Array; 2],
         s: &Stream,
     ) -> Result<(Array, Array)> {
-        let (t, kv, hd) = (k.shape()[0], k.shape()[1], k.shape()[2]);
+        let (t, kv, hd, v_hd) = (k.shape()[0], k.shape()[1], k.shape()[2], v.shape()[2]);
         let end = rows.iter().map(|r| r.start + r.len).max().unwrap_or(0);
-        let cap = self.reserve(slots, end, [kv, hd], k.dtype(), s)?;
+        let cap = self.reserve(slots, end, [kv, hd, v_hd], k.dtype(), s)?;
         let Some((keys, values)) = self.buffers.take() else {
             return Err(Error::Shape("the slot cache has no buffers".to_owned()));
         };
@@ -201,16 +204,48 @@ impl SlotLayer {
             }
         }
         let at = Array::from_slice(&at, &[t * kv]);
-        let scatter = |buffer: &Array, x: &Array| -> Result<Array> {
+        let scatter = |buffer: &Array, x: &Array, hd: i32| -> Result<Array> {
             Ok(buffer.scatter(&at, x.reshape(&[t * kv, 1, hd], s)?, 0, s)?)
         };
-        let (keys, values) = (scatter(&keys, k)?, scatter(&values, v)?);
+        let (keys, values) = (scatter(&keys, k, hd)?, scatter(&values, v, v_hd)?);
         self.buffers = Some((keys.clone(), values.clone()));
-        let shape = [int(slots)?, kv, int(cap)?, hd];
-        Ok((keys.reshape(&shape, s)?, values.reshape(&shape, s)?))
+        let shape = |hd: i32| -> Result<[i32; 4]> { Ok([int(slots)?, kv, int(cap)?, hd]) };
+        Ok((
+            keys.reshape(&shape(hd)?, s)?,
+            values.reshape(&shape(v_hd)?, s)?,
+        ))
     }
 }
 
-fn int(v: usize) -> Result<i32> {
+/// `v` as an MLX index or shape, or the overflow named.
+pub(super) fn int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v })
+}
+
+/// Each row's position in the batch (`[T]`, one per token, in the order of
+/// [`SlotRows`]).
+pub(super) fn positions(rows: &[SlotRows]) -> Result<Array> {
+    let at = rows
+        .iter()
+        .flat_map(|r| r.start..r.start + r.len)
+        .map(int)
+        .collect::<Result<Vec<i32>>>()?;
+    let t = int(at.len())?;
+    Ok(Array::from_slice(&at, &[t]))
+}
+
+/// The pieces of a step's attention output (`[rows, width]` each, the
+/// single-token rows first, then each block), whose rows are the batch's
+/// rows `order`, put back in the batch's order: `[T, width]`.
+pub(super) fn in_batch_order(pieces: &[Array], order: &[i32], s: &Stream) -> Result<Array> {
+    let out = safemlx::ops::concatenate_axis(pieces, 0, s)?;
+    if order.iter().enumerate().all(|(i, &r)| i as i32 == r) {
+        return Ok(out);
+    }
+    let mut back = vec![0i32; order.len()];
+    for (i, &r) in order.iter().enumerate() {
+        back[usize::try_from(r).unwrap_or(0)] = int(i)?;
+    }
+    let t = int(order.len())?;
+    Ok(out.take_axis(Array::from_slice(&back, &[t]), 0, s)?)
 }

@@ -102,10 +102,7 @@ impl Llama {
         let slots = cache.slots();
         let x = self.layers_with(x, s, |i, attention, x| match attention {
             Attention::Gqa(a) => a.forward_slots(x, cache.layer_mut(i), &rows, slots, s),
-            Attention::Mla(_) => Err(Error::Model {
-                path: self.path.clone(),
-                message: "latent attention (DeepSeek-V3) does not run on a server's slot cache yet; use `generate`".to_owned(),
-            }),
+            Attention::Mla(a) => a.forward_slots(x, cache.layer_mut(i), &rows, slots, s),
         })?;
         cache.advance(&rows);
         Ok(x)
