@@ -236,12 +236,6 @@ fn run() -> Result<(), String> {
     } = groups(world, replicas)?;
     let micro_batches = number("--micro-batches", "4")? as usize;
     let pipe = pipeline::setup(&world, flag("--mesh").as_deref(), micro_batches, replicas)?;
-    if pipe.is_some() && bench.is_some() {
-        return Err(
-            "--bench measures tensor- and data-parallel training; it does not take --mesh yet"
-                .to_owned(),
-        );
-    }
     let model_dir = out.join("model");
     write_model(&model_dir, size, &world, &s)?;
     let dir = HfDirectory::open(&model_dir).map_err(err)?;
@@ -396,13 +390,19 @@ fn run() -> Result<(), String> {
         if rank0 {
             let step = median(times);
             let share = median(collective);
+            let (stages, tensor, micro) = match &pipe {
+                Some(p) => (p.link.stages(), p.link.tensor().size(), p.micro_batches),
+                None => (1, tp.size(), 1),
+            };
             let line = serde_json::json!({
                 "bench": "train",
                 "impl": "safemlx-dist",
                 "backend": format!("{backend:?}").to_lowercase(),
                 "ranks": world.size(),
-                "tensor_parallel": tp.size(),
+                "mesh": format!("pp={stages},tp={tensor}"),
+                "tensor_parallel": tensor,
                 "data_parallel": replicas,
+                "micro_batches": micro,
                 "threads": 1,
                 "width": size.dim,
                 "hidden": size.hidden,

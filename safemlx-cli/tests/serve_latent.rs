@@ -10,16 +10,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use common::{batched, openai, post, Server};
-
-const QUESTIONS: [&str; 6] = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "The three primary colors are",
-    "Once upon a time, a dragon",
-    "SELECT name FROM",
-    "The opposite of hot is",
-];
+use common::{batched, openai, post, Server, QUESTIONS};
 
 #[test]
 fn deepseek_v3_is_served_alone_batched_and_to_the_openai_client() {

@@ -7,16 +7,7 @@ mod common;
 
 use serde_json::json;
 
-use common::{batched, openai, post, Server};
-
-const QUESTIONS: [&str; 6] = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "The three primary colors are",
-    "Once upon a time, a dragon",
-    "SELECT name FROM",
-    "The opposite of hot is",
-];
+use common::{batched, openai, post, Server, QUESTIONS};
 
 const CHAT: &str = "What is the capital of France?";
 

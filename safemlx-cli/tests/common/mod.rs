@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+/// Six prompts of different kinds for greedy completions.
+pub const QUESTIONS: [&str; 6] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Once upon a time, a dragon",
+    "SELECT name FROM",
+    "The opposite of hot is",
+];
+
 /// The model file: `SAFEMLX_SMOLLM2_GGUF`, else the cache's copy.
 pub fn model() -> PathBuf {
     let path = std::env::var_os("SAFEMLX_SMOLLM2_GGUF")

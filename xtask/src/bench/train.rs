@@ -3,7 +3,8 @@
 //! layers, 256 tokens a step: about 48 GFLOP a step against 4 all_sums of
 //! 1 MiB per layer) tensor parallel at 1, 2 and 4 ranks on ring and MPI,
 //! one compute thread per rank, with the share of a step spent in
-//! collectives; and in the same run MLX Python training the same model on
+//! collectives, and as 2 pipeline stages (`--mesh pp=2`, GPipe with 4
+//! micro-batches of 256 tokens); and in the same run MLX Python training the same model on
 //! the same weights and bytes with its own distributed layers
 //! (`shard_linear`, whose all-to-sharded layers put `sum_gradients` on
 //! their input) at 1 and 2 ranks, with the BLAS its wheel ships and with
@@ -48,6 +49,17 @@ pub fn run() -> Result<(), String> {
                 .arg(&out);
             cmd::run(ours)?;
         }
+        let mut stages = launch("2", backend);
+        stages
+            .arg(release.join("examples").join("train"))
+            .args(SIZE)
+            .args(["--seq", SEQ, "--steps", STEPS, "--backend", backend])
+            .args(["--mesh", "pp=2"])
+            .arg("--out")
+            .arg(&work)
+            .arg("--bench")
+            .arg(&out);
+        cmd::run(stages)?;
     }
     let python = super::generate::peers_python()?;
     let script = cmd::root().join("xtask/bench/train_peer.py");
@@ -78,19 +90,31 @@ pub fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// The row of `implementation` (with `blas`) at `ranks` ranks of
+/// `backend`, tensor parallel (one stage) or with `stages` stages.
 fn find<'a>(
     rows: &'a [Value],
     implementation: &str,
     blas: Option<&str>,
-    backend: &str,
-    ranks: u64,
+    (backend, ranks, stages): (&str, u64, u64),
 ) -> Option<&'a Value> {
     rows.iter().find(|r| {
         r["impl"] == implementation
             && r["blas"].as_str() == blas
             && r["backend"] == backend
             && r["ranks"].as_u64() == Some(ranks)
+            && stages_of(r) == stages
     })
+}
+
+/// A row's pipeline stages (its `mesh`, `pp=P,tp=T`; 1 without).
+fn stages_of(row: &Value) -> u64 {
+    row["mesh"]
+        .as_str()
+        .and_then(|m| m.strip_prefix("pp="))
+        .and_then(|m| m.split(',').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1)
 }
 
 fn report(rows: &[Value], out: &Path) {
@@ -99,23 +123,24 @@ fn report(rows: &[Value], out: &Path) {
             .unwrap_or(f64::NAN)
     };
     println!(
-        "{:<26} {:<7} {:>5} {:>10} {:>10} {:>10} {:>12}  first losses",
-        "impl", "backend", "ranks", "step ms", "tokens/s", "vs 1 rank", "collectives"
+        "{:<26} {:<7} {:>5} {:<9} {:>10} {:>10} {:>10} {:>12}  first losses",
+        "impl", "backend", "ranks", "mesh", "step ms", "tokens/s", "vs 1 rank", "collectives"
     );
     for row in rows {
         let backend = row["backend"].as_str().unwrap_or_default();
         let implementation = row["impl"].as_str().unwrap_or_default();
         let blas = row["blas"].as_str();
-        let one = find(rows, implementation, blas, backend, 1);
+        let one = find(rows, implementation, blas, (backend, 1, 1));
         let name = match blas {
             Some(blas) => format!("{implementation} ({blas} BLAS)"),
             None => implementation.to_owned(),
         };
         println!(
-            "{:<26} {:<7} {:>5} {:>10.1} {:>10.1} {:>9.2}x {:>12}  {}",
+            "{:<26} {:<7} {:>5} {:<9} {:>10.1} {:>10.1} {:>9.2}x {:>12}  {}",
             name,
             backend,
             row["ranks"].as_u64().unwrap_or_default(),
+            row["mesh"].as_str().unwrap_or("-"),
             row["step_ms"].as_f64().unwrap_or(f64::NAN),
             speed(Some(row)),
             speed(Some(row)) / speed(one),
@@ -126,7 +151,7 @@ fn report(rows: &[Value], out: &Path) {
         );
     }
     for backend in ["ring", "mpi"] {
-        let ours = |n| find(rows, "safemlx-dist", None, backend, n);
+        let ours = |n| find(rows, "safemlx-dist", None, (backend, n, 1));
         println!(
             "target: {backend} x2 training step: {:.2}x the 1-rank tokens/s (goal >= 1.6x)",
             speed(ours(2)) / speed(ours(1))
@@ -134,9 +159,15 @@ fn report(rows: &[Value], out: &Path) {
         for blas in ["openblas", "bundled"] {
             println!(
                 "target: {backend} x2 tokens/s vs MLX Python's tensor-parallel training at 2 ranks ({blas} BLAS): {:.2}x (goal >= 1x)",
-                speed(ours(2)) / speed(find(rows, "mlx-python", Some(blas), backend, 2))
+                speed(ours(2)) / speed(find(rows, "mlx-python", Some(blas), (backend, 2, 1)))
             );
         }
+        let stages = find(rows, "safemlx-dist", None, (backend, 2, 2));
+        println!(
+            "measured: {backend} 2 pipeline stages: {:.2}x the 1-rank tokens/s, {:.2}x tensor parallel at 2 ranks (no goal)",
+            speed(stages) / speed(ours(1)),
+            speed(stages) / speed(ours(2))
+        );
     }
     println!("bench: rows in {}", out.display());
 }
