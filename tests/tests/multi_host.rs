@@ -56,12 +56,21 @@ fn launcher() -> PathBuf {
 /// `safemlx-launch` in host 0's namespace, running the rank test `test`
 /// (started there for `ranks` ranks on `backend`) on `hosts`.
 fn launch(net: &Network, test: &str, ranks: usize, backend: Backend, hosts: &str) -> Command {
+    let ssh = format!("ssh -F {}", net.ssh_config().display());
+    launch_with_ssh(net, (test, ranks, backend, hosts), &ssh)
+}
+
+/// [`launch`] with `ssh` as the launcher's `--ssh` command.
+fn launch_with_ssh(
+    net: &Network,
+    (test, ranks, backend, hosts): (&str, usize, Backend, &str),
+    ssh: &str,
+) -> Command {
     let mut command = net.command(0, launcher());
     command
         .args(["--hosts", hosts, "-n", &ranks.to_string()])
         .args(["--backend", backend.as_str()])
-        .arg("--ssh")
-        .arg(format!("ssh -F {}", net.ssh_config().display()))
+        .args(["--ssh", ssh])
         .args(["--starting-port", "40100", "--timeout", "120"])
         .arg("--env")
         .arg(format!("{RANK_OF_ENV}={test}#{ranks}#{backend}"))
@@ -273,9 +282,19 @@ fn delay_and_loss_leave_results_exact() {
     // "connect() to H:1024 failed: Operation now in progress (115)" (its
     // message prints a stale errno; open-mpi/ompi#10734 reports the same
     // on 4.1.4). MPI across the hosts runs in the tests above, unfaulted.
+    // The packets are held by a thread of this process, which shares the 2
+    // cores with 4 ranks whose ring threads spin: it can fall seconds
+    // behind, and the launcher's ssh keepalive (lost after 3 s of silence)
+    // then ended a run whose ranks had all finished (seen once in CI:
+    // "lost the ssh connection ... ssh exit status: 255"). On this link the
+    // user's ssh options allow 20 s, as a user's would on a lossy network.
+    let ssh = format!(
+        "ssh -F {} -o ServerAliveCountMax=20",
+        net.ssh_config().display()
+    );
     let started = Instant::now();
     for test in ["rank_every_collective", "rank_tensor_parallel_model"] {
-        let out = launch(&net, test, 4, Backend::Ring, &net.hosts())
+        let out = launch_with_ssh(&net, (test, 4, Backend::Ring, &net.hosts()), &ssh)
             .output()
             .unwrap();
         assert!(

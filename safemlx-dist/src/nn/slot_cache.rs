@@ -222,8 +222,8 @@ pub(super) fn int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::ShapeOverflow { value: v })
 }
 
-/// Each row's position in the batch (`[T]`, one per token, in the order of
-/// [`SlotRows`]).
+/// Each row's position in its sequence (`[T]`, one per token of the
+/// batch, in the order of [`SlotRows`]).
 pub(super) fn positions(rows: &[SlotRows]) -> Result<Array> {
     let at = rows
         .iter()
