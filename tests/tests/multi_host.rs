@@ -285,8 +285,8 @@ fn delay_and_loss_leave_results_exact() {
     // The packets are held by a thread of this process, which shares the 2
     // cores with 4 ranks whose ring threads spin: it can fall seconds
     // behind, and the launcher's ssh keepalive (lost after 3 s of silence)
-    // then ended a run whose ranks had all finished (seen once in CI:
-    // "lost the ssh connection ... ssh exit status: 255"). On this link the
+    // then most likely ended a run whose ranks had all finished (seen once
+    // in CI: "lost the ssh connection ... ssh exit status: 255"). On this link the
     // user's ssh options allow 20 s, as a user's would on a lossy network.
     let ssh = format!(
         "ssh -F {} -o ServerAliveCountMax=20",
