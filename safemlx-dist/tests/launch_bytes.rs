@@ -92,6 +92,30 @@ fn gone(pid: u32) -> bool {
     })
 }
 
+/// Reads one byte of the launcher's stdout and closes it, as `head -c 1`
+/// does; the launcher's exit status, which must come within `bound`.
+fn read_a_byte_and_close(
+    child: &mut std::process::Child,
+    bound: Duration,
+    backend: &str,
+) -> std::process::ExitStatus {
+    let mut out = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 1];
+    out.read_exact(&mut first).expect("a byte of output");
+    drop(out);
+    let closed = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            return status;
+        }
+        if closed.elapsed() > bound {
+            let _ = child.kill();
+            panic!("{backend}: the launcher kept running {bound:?} after its stdout closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_closed_stdout_stops_the_ranks_quietly_with_sigpipes_status() {
     for backend in ["ring", "mpi"] {
@@ -102,22 +126,8 @@ fn a_closed_stdout_stops_the_ranks_quietly_with_sigpipes_status() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("safemlx-launch runs");
-        let mut out = child.stdout.take().expect("stdout");
-        let mut first = [0u8; 1];
-        out.read_exact(&mut first).expect("a byte of output");
         // `head -c 1` has what it wanted and goes away.
-        drop(out);
-        let closed = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("waits") {
-                break status;
-            }
-            if closed.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                panic!("{backend}: the launcher kept running after its stdout closed");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = read_a_byte_and_close(&mut child, Duration::from_secs(20), backend);
         let mut err = String::new();
         child
             .stderr
@@ -165,4 +175,59 @@ fn output_that_is_not_utf8_comes_through_byte_for_byte() {
             has(&out.stderr, rank, "err", b"\xff\n");
         }
     }
+}
+
+#[test]
+fn a_stdout_closed_while_ranks_print_nothing_ends_the_run_at_once() {
+    // `| head -c 1` after the first line; the rank would print its next
+    // line only after ten minutes (or never: tokens without a newline).
+    for backend in ["ring", "mpi"] {
+        let mut child = launcher()
+            .args(["-n", "1", "--backend", backend, "--", "sh", "-c"])
+            .arg("echo hi; sleep 600; echo bye")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("safemlx-launch runs");
+        let status = read_a_byte_and_close(&mut child, Duration::from_secs(120), backend);
+        assert_eq!(status.code(), Some(141), "{backend}");
+    }
+}
+
+#[test]
+fn text_written_in_pieces_comes_through_as_written() {
+    // A `[` of the rank's own, then more text after a pause: MPI tags the
+    // second piece, and the first must not be taken for a tag.
+    for backend in ["ring", "mpi"] {
+        let out = launcher()
+            .args(["-n", "1", "--backend", backend, "--", "sh", "-c"])
+            .arg(r#"printf "x = ["; sleep 0.2; printf "1, 2]\n"; printf "[9] ["; sleep 0.2; printf "[1,0]\n""#)
+            .output()
+            .expect("safemlx-launch runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{backend}: {out:?}");
+        assert_eq!(
+            text, "[rank 0] x = [1, 2]\n[rank 0] [9] [[1,0]\n",
+            "{backend}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_mpi_rank_s_exit_report_is_never_printed() {
+    // The rank's last stderr text has no newline: the wrapper's report
+    // follows it on the same line.
+    let out = launcher()
+        .args(["-n", "2", "--backend", "mpi", "--", "sh", "-c"])
+        .arg(r#"printf "last words" >&2; exit 3"#)
+        .output()
+        .expect("safemlx-launch runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("safemlx-launch-exit"), "{err}");
+    assert!(
+        err.contains("[rank 0] last words") || err.contains("[rank 1] last words"),
+        "{err}"
+    );
+    assert!(err.contains("failed (exit code: 3)"), "{err}");
 }

@@ -1,7 +1,8 @@
 //! What an MPI launch leaves behind: Open MPI's session directory lives in
 //! the launch's own temporary directory, and nothing is left in `$TMPDIR`
 //! after the run, whether it ends by itself, by the launcher's SIGTERM or
-//! by its SIGKILL (the ranks then find their launcher gone and clean up).
+//! by its SIGKILL (the ranks then find their launcher gone and clean up);
+//! and no rank outlives a launcher killed while it starts them.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -125,4 +126,86 @@ fn a_launch_removes_what_killed_launchers_left_before_their_ranks_started() {
     assert!(status.success());
     assert_eq!(entries(&tmp), [live_dir, other]);
     std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// A rank of the early-kill test: writes its pid where the test reads it,
+/// then joins (a join that would wait up to ten minutes for a peer).
+fn pid_writing_rank(dir: &str) {
+    let rank = std::env::var("MLX_RANK")
+        .or_else(|_| std::env::var("OMPI_COMM_WORLD_RANK"))
+        .unwrap_or_default();
+    let pid = std::process::id();
+    std::fs::write(Path::new(dir).join(format!("rank-{rank}-{pid}")), "").unwrap();
+    let backend = match std::env::var("LAUNCH_LEFTOVERS_BACKEND").as_deref() {
+        Ok("mpi") => safemlx_dist::Backend::Mpi,
+        _ => safemlx_dist::Backend::Ring,
+    };
+    let _ = safemlx_dist::init(true, backend);
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn no_rank_outlives_a_launcher_killed_while_it_starts_them() {
+    const TEST: &str = "no_rank_outlives_a_launcher_killed_while_it_starts_them";
+    if let Ok(dir) = std::env::var(RANK_ENV) {
+        return pid_writing_rank(&dir);
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    for backend in ["ring", "mpi"] {
+        for delay_ms in [0u64, 20, 50, 100, 150, 300] {
+            let pids = std::env::temp_dir().join(format!(
+                "safemlx-early-kill-{backend}-{delay_ms}-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&pids).unwrap();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_safemlx-launch"))
+                .args(["-n", "2", "--backend", backend, "--"])
+                .arg(&exe)
+                .args([TEST, "--exact", "--nocapture"])
+                .env(RANK_ENV, &pids)
+                .env("LAUNCH_LEFTOVERS_BACKEND", backend)
+                .env("SAFEMLX_DIST_JOIN_TIMEOUT", "600")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("safemlx-launch runs");
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaped");
+            // A rank started just before the kill may still be writing its
+            // file; give the stragglers a moment to appear, then to go.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut seen = Vec::new();
+            loop {
+                for name in entries(&pids) {
+                    if let Some(pid) = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok()) {
+                        if !seen.contains(&pid) {
+                            seen.push(pid);
+                        }
+                    }
+                }
+                let alive: Vec<u32> = seen.iter().copied().filter(|&p| running(p)).collect();
+                if alive.is_empty() && Instant::now() + Duration::from_secs(28) > deadline {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    for pid in &alive {
+                        let _ = Command::new("kill")
+                            .args(["-KILL", &pid.to_string()])
+                            .status();
+                    }
+                    panic!("{backend}, killed after {delay_ms} ms: ranks {alive:?} outlived their launcher");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            std::fs::remove_dir_all(&pids).ok();
+        }
+    }
 }

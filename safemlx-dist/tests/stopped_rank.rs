@@ -52,13 +52,22 @@ fn decoding_rank() {
     .expect("decodes until stopped");
 }
 
-/// A rank of the init test: rank 1 stops itself before it joins.
+/// A rank of the init test: on ring rank 1, on MPI rank 0 stops itself
+/// before it joins (its first heartbeat).
 fn late_rank() {
-    if std::env::var("MLX_RANK").as_deref() == Ok("1") {
-        println!("pid {} rank 1 stops before init", std::process::id());
+    let (backend, victim, rank) = match std::env::var(RANK_ENV).as_deref() {
+        Ok("late-mpi") => (
+            safemlx_dist::Backend::Mpi,
+            "0",
+            std::env::var("OMPI_COMM_WORLD_RANK"),
+        ),
+        _ => (safemlx_dist::Backend::Ring, "1", std::env::var("MLX_RANK")),
+    };
+    if rank.as_deref() == Ok(victim) {
+        println!("pid {} rank {victim} stops before init", std::process::id());
         nix::sys::signal::raise(Signal::SIGSTOP).expect("stops");
     }
-    let _ = safemlx_dist::init(true, safemlx_dist::Backend::Ring);
+    let _ = safemlx_dist::init(true, backend);
     println!("joined");
 }
 
@@ -81,7 +90,7 @@ fn run(
         .env("SAFEMLX_DIST_TIMEOUT", "3")
         .env(
             "SAFEMLX_DIST_JOIN_TIMEOUT",
-            if mode == "late" { "3" } else { "60" },
+            if mode.starts_with("late") { "3" } else { "60" },
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -169,17 +178,25 @@ fn a_rank_stopped_before_it_joins_times_out_the_group_initialisation() {
     if std::env::var(RANK_ENV).is_ok() {
         return late_rank();
     }
-    let (code, err, took) = run((TEST, "late"), ("ring", "90"), |_| None);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("rank 0 waited 3 s to join its group without every rank connecting"),
-        "{err}"
-    );
-    assert!(
-        err.contains("rank 1 shows no sign of life since it started (stopped, or stuck whole); it entered no collective; rank 0 waits to join the group"),
-        "{err}"
-    );
-    assert!(took < Duration::from_secs(20), "took {took:?}: {err}");
+    for (backend, stopped, waiting) in [("ring", 1, 0), ("mpi", 0, 1)] {
+        let mode = format!("late-{backend}");
+        let (code, err, took) = run((TEST, &mode), (backend, "90"), |_| None);
+        assert_eq!(code, Some(1), "{backend}: {err}");
+        assert!(
+            err.contains(&format!(
+                "rank {waiting} waited 3 s to join its group without every rank connecting"
+            )),
+            "{backend}: {err}"
+        );
+        assert!(
+            err.contains(&format!("rank {stopped} shows no sign of life since it started (stopped, or stuck whole); it entered no collective; rank {waiting} waits to join the group")),
+            "{backend}: {err}"
+        );
+        assert!(
+            took < Duration::from_secs(40),
+            "{backend}: took {took:?}: {err}"
+        );
+    }
 }
 
 /// A healthy run cut by the launcher's `--timeout` is not reported as a

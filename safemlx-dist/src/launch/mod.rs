@@ -16,6 +16,7 @@
 pub mod agent;
 mod bytes_text;
 mod error;
+mod explain;
 mod hostfile;
 mod hosts;
 mod mpi;

@@ -17,6 +17,9 @@ pub(crate) struct Hosts {
 /// Open MPI's base directory for its session directories.
 pub(crate) const SESSION_BASE_ENV: &str = "OMPI_MCA_orte_tmpdir_base";
 
+/// Open MPI's directory for its shared-memory transport's segments.
+const SHM_DIR_ENV: &str = "OMPI_MCA_btl_vader_backing_directory";
+
 /// Open MPI's setting that accepts a rank's exit before its finalize is
 /// seen; a user's value is kept.
 const EXIT_WITHOUT_SYNC_ENV: &str = "OMPI_MCA_orte_allowed_exit_without_sync";
@@ -89,6 +92,14 @@ pub(crate) fn command(
         if std::env::var_os(SESSION_BASE_ENV).is_none() {
             mpirun.env(SESSION_BASE_ENV, dir);
         }
+        // Its shared-memory segments in a directory of this launch's, swept
+        // with it when mpirun itself is killed (`contract::shm_dir_for`).
+        let shm = crate::runtime::contract::shm_dir_for(std::path::Path::new(dir));
+        if let Some(shm) = shm.filter(|d| d.is_dir()) {
+            if std::env::var_os(SHM_DIR_ENV).is_none() {
+                mpirun.env(SHM_DIR_ENV, shm);
+            }
+        }
     }
     // Each rank runs under a small shell wrapper that reports its own exit
     // status: mpirun's report of the failed rank is not always printed.
@@ -138,11 +149,15 @@ const EXIT_REPORTER: &str =
 /// The start of the wrapper's line.
 pub(crate) const EXIT_MARKER: &str = "safemlx-launch-exit ";
 
-/// `safemlx-launch-exit 1 3` -> `(1, 3)`: the rank and its exit status.
-pub(crate) fn reported_exit(text: &str) -> Option<(usize, i32)> {
-    let rest = text.trim().strip_prefix(EXIT_MARKER)?;
-    let (rank, status) = rest.split_once(' ')?;
-    Some((rank.parse().ok()?, status.trim().parse().ok()?))
+/// `safemlx-launch-exit 1 3` -> `("", 1, 3)`: the text before the marker,
+/// the rank and its exit status. The marker ends the line; it may follow
+/// the rank's own last text when that had no newline (`done.safemlx-launch-exit 1 3`
+/// -> `("done.", 1, 3)`), since the reassembler joins a rank's pieces.
+pub(crate) fn reported_exit(text: &str) -> Option<(&str, usize, i32)> {
+    let text = text.trim_end();
+    let at = text.rfind(EXIT_MARKER)?;
+    let (rank, status) = text[at + EXIT_MARKER.len()..].split_once(' ')?;
+    Some((&text[..at], rank.parse().ok()?, status.trim().parse().ok()?))
 }
 
 /// An exit status as the ring launch words it: `exit code: 3`, or a status
@@ -202,13 +217,23 @@ impl Reassembler {
     }
 }
 
-/// `[1,3]<stdout>:text` -> `(3, "text")`, for any stream tag.
+/// `[1,3]<stdout>:text` -> `(3, "text")`: a job number, a rank number and
+/// one of Open MPI's three stream names, nothing else. A rank's own `[`
+/// (`x = [1, 2]` written in two pieces, so that the next tag follows it)
+/// is text, not a tag.
 fn untag(line: &str) -> Option<(usize, &str)> {
     let rest = line.strip_prefix('[')?;
     let (job_and_rank, rest) = rest.split_once(']')?;
-    let rank = job_and_rank.split_once(',')?.1.parse().ok()?;
-    let text = rest.strip_prefix('<')?.split_once(">:")?.1;
-    Some((rank, text))
+    let (job, rank) = job_and_rank.split_once(',')?;
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !number(job) || !number(rank) {
+        return None;
+    }
+    let (stream, text) = rest.strip_prefix('<')?.split_once(">:")?;
+    if !matches!(stream, "stdout" | "stderr" | "stddiag") {
+        return None;
+    }
+    Some((rank.parse().ok()?, text))
 }
 
 /// The rank and exit code from mpirun's report of a failed process:
@@ -247,6 +272,14 @@ mod tests {
             untag_all("mpirun says [1] hi"),
             [(None, "mpirun says [1] hi")]
         );
+        // A rank's own brackets are text, whatever follows them.
+        assert_eq!(
+            untag_all("[1,0]<stdout>:x = [[1,0]<stdout>:1, 2]"),
+            [(Some(0), "x = ["), (Some(0), "1, 2]")]
+        );
+        assert_eq!(untag("[a,0]<stdout>:x"), None);
+        assert_eq!(untag("[1,0]<other>:x"), None);
+        assert_eq!(untag("[1,]<stdout>:x"), None);
         let report: Vec<String> = [
             "mpirun detected that one or more processes exited with non-zero status, thus causing",
             "the job to be terminated. The first process to do so was:",
@@ -257,8 +290,14 @@ mod tests {
         .map(String::from)
         .to_vec();
         assert_eq!(failed_rank(&report), Some((1, "exit code: 3".into())));
-        assert_eq!(reported_exit("safemlx-launch-exit 2 3"), Some((2, 3)));
-        assert_eq!(reported_exit("safemlx-launch-exit 0 0 "), Some((0, 0)));
+        assert_eq!(reported_exit("safemlx-launch-exit 2 3"), Some(("", 2, 3)));
+        assert_eq!(reported_exit("safemlx-launch-exit 0 0 "), Some(("", 0, 0)));
+        // The rank's last stderr text had no newline: the marker follows it.
+        assert_eq!(
+            reported_exit("error: no file safemlx-launch-exit 0 1"),
+            Some(("error: no file ", 0, 1))
+        );
+        assert_eq!(reported_exit("safemlx-launch-exit 0 x"), None);
         assert_eq!(exit_wording(3), "exit code: 3");
         assert_eq!(exit_wording(137), "signal: 9 (SIGKILL)");
         assert_eq!(reported_exit("other text"), None);
@@ -282,5 +321,10 @@ mod tests {
         );
         assert_eq!(lines.end(), [whole(Some(2), "no newline")]);
         assert_eq!(lines.end(), []);
+        // `printf "x = ["; sleep 0.2; printf "1, 2]\n"` on one rank.
+        assert_eq!(
+            lines.line("[1,0]<stdout>:x = [[1,0]<stdout>:1, 2]"),
+            [whole(Some(0), "x = [1, 2]")]
+        );
     }
 }

@@ -71,18 +71,18 @@ impl Launch {
                 lines
                     .into_iter()
                     .filter_map(|(rank, text)| match rank {
+                        // The wrapper's marker is the launcher's, never
+                        // output: only the rank's own text before it is.
                         Some(rank) => match mpi::reported_exit(&text) {
-                            Some((rank, 0)) => {
-                                if let Ok(mut done) = done.lock() {
-                                    done.insert(rank);
+                            Some((before, reporter, status)) => {
+                                if status == 0 {
+                                    if let Ok(mut done) = done.lock() {
+                                        done.insert(reporter);
+                                    }
+                                } else if let Ok(mut first) = exits.lock() {
+                                    first.get_or_insert((reporter, mpi::exit_wording(status)));
                                 }
-                                None
-                            }
-                            Some((failed, status)) => {
-                                if let Ok(mut first) = exits.lock() {
-                                    first.get_or_insert((failed, mpi::exit_wording(status)));
-                                }
-                                Some(format!("{} {text}", prefix(rank)))
+                                (!before.is_empty()).then(|| format!("{} {before}", prefix(rank)))
                             }
                             None => Some(format!("{} {text}", prefix(rank))),
                         },

@@ -63,6 +63,19 @@ pub(crate) fn rank_from_env() -> Option<usize> {
         .find_map(|key| std::env::var(key).ok()?.trim().parse().ok())
 }
 
+/// Where Linux keeps shared memory.
+pub(crate) const SHM: &str = "/dev/shm";
+
+/// The directory for Open MPI's shared-memory segments (`vader_segment.*`)
+/// of the run whose progress directory is `progress`: in `/dev/shm`,
+/// named like it (`safemlx-launch-PID-N-shm-progress`), so that a killed
+/// mpirun's segments are swept like its progress directory instead of
+/// staying in `/dev/shm`.
+pub(crate) fn shm_dir_for(progress: &Path) -> Option<PathBuf> {
+    let name = progress.file_name()?.to_str()?.strip_suffix("-progress")?;
+    Some(Path::new(SHM).join(format!("{name}-shm-progress")))
+}
+
 /// The progress record of `rank` in the progress directory `dir`.
 pub(crate) fn record_path(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank}"))
@@ -84,8 +97,21 @@ pub(crate) fn parse_heartbeat(text: &str) -> Option<u128> {
     text.trim().parse().ok()
 }
 
-/// A rank's last collective: `entered OP SEQ DETAIL`, or `waits OP SEQ
-/// DETAIL` once its wait there timed out.
+/// The group word of a record whose count belongs to no group (a point
+/// to point send or receive, counted per rank, or joining): never compared
+/// with another rank's.
+pub(crate) const OWN_COUNT: &str = "own";
+
+/// The group word of a record in the group of every rank of the run.
+pub(crate) const WORLD: &str = "world";
+
+/// A rank's last collective: `entered OP SEQ GROUP DETAIL`, or `waits OP
+/// SEQ GROUP DETAIL` once its wait there timed out.
+///
+/// Counts are per group: two ranks' counts say who is behind only when
+/// their records name the same group. GROUP is [`WORLD`], the group's
+/// members as world ranks (`0,2`: a mesh axis), `split-C` (a user's split
+/// of colour C) or [`OWN_COUNT`].
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Record {
     /// The rank's own timeout fired in it.
@@ -94,13 +120,15 @@ pub(crate) struct Record {
     pub(crate) op: String,
     /// Its sequence number in its group.
     pub(crate) seq: u64,
+    /// Which group counted it (see above).
+    pub(crate) group: String,
 }
 
 impl Record {
     /// The record's line, with `detail` (shape, dtype, group) for people.
     pub(crate) fn line(&self, detail: &str) -> String {
         let state = if self.waits { "waits" } else { "entered" };
-        format!("{state} {} {} {detail}", self.op, self.seq)
+        format!("{state} {} {} {} {detail}", self.op, self.seq, self.group)
     }
 
     /// A record read back; `None` for anything else.
@@ -113,7 +141,31 @@ impl Record {
         };
         let op = words.next()?.to_owned();
         let seq = words.next()?.parse().ok()?;
-        Some(Self { waits, op, seq })
+        let group = words.next()?.to_owned();
+        Some(Self {
+            waits,
+            op,
+            seq,
+            group,
+        })
+    }
+
+    /// The world ranks of its group, when the record says them: all
+    /// `ranks` for [`WORLD`], the listed ones for a mesh axis; `None` for
+    /// a group whose members it does not say, or a count of its own.
+    pub(crate) fn members(&self, ranks: usize) -> Option<Vec<usize>> {
+        if self.group == WORLD {
+            return Some((0..ranks).collect());
+        }
+        self.group
+            .split(',')
+            .map(|m| m.parse().ok().filter(|&m| m < ranks))
+            .collect()
+    }
+
+    /// Whether its count can be compared with other ranks' at all.
+    pub(crate) fn comparable(&self) -> bool {
+        self.group != OWN_COUNT
     }
 }
 
@@ -127,16 +179,28 @@ mod tests {
             waits: true,
             op: "all_sum".to_owned(),
             seq: 38,
+            group: "0,2".to_owned(),
         };
         let line = record.line("(group of 2, [4] Float32)");
-        assert_eq!(line, "waits all_sum 38 (group of 2, [4] Float32)");
-        assert_eq!(Record::parse(&line), Some(record));
+        assert_eq!(line, "waits all_sum 38 0,2 (group of 2, [4] Float32)");
+        assert_eq!(Record::parse(&line), Some(record.clone()));
+        assert_eq!(record.members(4), Some(vec![0, 2]));
+        assert_eq!(record.members(2), None);
         assert_eq!(Record::parse("garbage 1 2"), None);
+        assert_eq!(Record::parse("entered all_sum 3"), None);
+        let world = Record::parse("entered all_sum 3 world").unwrap();
+        assert_eq!(world.members(3), Some(vec![0, 1, 2]));
+        let own = Record::parse("entered stage_recv 3 own").unwrap();
+        assert!(!own.comparable() && own.members(3).is_none());
         assert_eq!(
             parse_heartbeat(&heartbeat_line(1_733_000_000_123)),
             Some(1_733_000_000_123)
         );
         assert_eq!(record_path(Path::new("/p"), 3), PathBuf::from("/p/rank-3"));
+        assert_eq!(
+            shm_dir_for(Path::new("/tmp/safemlx-launch-7-12-progress")),
+            Some(PathBuf::from("/dev/shm/safemlx-launch-7-12-shm-progress"))
+        );
         assert_eq!(
             heartbeat_path(Path::new("/p"), 3),
             PathBuf::from("/p/alive-3")

@@ -34,6 +34,9 @@ pub struct Group {
     entered: Rc<Cell<u64>>,
     /// Point-to-point operations recorded so far (shared by clones).
     p2p_entered: Rc<Cell<u64>>,
+    /// Which group this is in progress records (`contract::Record`): its
+    /// counts are compared only with the same group's.
+    label: std::sync::Arc<str>,
     /// The output of the last collective, which the next one's input
     /// depends on (see [`Group::in_order`]).
     last: Rc<RefCell<Option<Array>>>,
@@ -61,6 +64,7 @@ impl Group {
             p2p: Rc::default(),
             entered: Rc::default(),
             p2p_entered: Rc::default(),
+            label: super::contract::WORLD.into(),
             last: Rc::default(),
         })
     }
@@ -94,6 +98,7 @@ impl Group {
             p2p: Rc::default(),
             entered: Rc::default(),
             p2p_entered: Rc::default(),
+            label: super::contract::OWN_COUNT.into(),
             last: Rc::default(),
         }
     }
@@ -106,6 +111,7 @@ impl Group {
     /// member or all of them.
     pub(super) fn subgroup(&self, members: Vec<usize>, me: usize, relayed: bool) -> Option<Self> {
         let native = self.native.clone()?;
+        let label = members_label(&self.label, &members).into();
         let chain = Chain::new(native, self.size, self.p2p.clone(), members, relayed)?;
         Some(Self {
             native: None,
@@ -116,6 +122,7 @@ impl Group {
             p2p: Rc::default(),
             entered: Rc::default(),
             p2p_entered: Rc::default(),
+            label,
             last: Rc::default(),
             path: Some(Rc::new(chain)),
         })
@@ -144,7 +151,14 @@ impl Group {
     pub(crate) fn enter(&self, op: &'static str, input: &Array) {
         let seq = self.entered.get() + 1;
         self.entered.set(seq);
-        super::progress::enter(op, seq, self.size, input);
+        super::progress::enter(op, seq, &self.label, self.size, input);
+    }
+
+    /// This group (split from `parent`) as `parent`'s subgroup of
+    /// `members`, for progress records.
+    pub(crate) fn labelled_as_subgroup_of(mut self, parent: &Group, members: &[usize]) -> Self {
+        self.label = members_label(&parent.label, members).into();
+        self
     }
 
     /// Records a point-to-point `op` (a pipeline stage's send or receive)
@@ -154,7 +168,8 @@ impl Group {
     pub(crate) fn enter_point_to_point(&self, op: &'static str, input: &Array) {
         let seq = self.p2p_entered.get() + 1;
         self.p2p_entered.set(seq);
-        super::progress::enter(op, seq, self.size, input);
+        let own: std::sync::Arc<str> = super::contract::OWN_COUNT.into();
+        super::progress::enter(op, seq, &own, self.size, input);
     }
 
     /// Runs the collective `run` on `input` made to depend on the output of
@@ -223,7 +238,9 @@ impl Group {
     pub fn split(&self, color: i32, key: Option<i32>) -> Result<Self> {
         let key = key.filter(|k| *k >= 0).unwrap_or(-1);
         let native = native::split(self.native()?, color, key)?;
-        Self::from_native(native, self.backend, self.lowering)
+        let mut group = Self::from_native(native, self.backend, self.lowering)?;
+        group.label = format!("{}:split-{color}", self.label).into();
+        Ok(group)
     }
 
     /// The same group with another lowering, unchecked (see
@@ -252,6 +269,29 @@ impl Group {
     /// The send and receive streams of the composed lowerings, made on first use.
     pub(crate) fn p2p_streams(&self) -> &P2pStreams {
         self.p2p.get_or_init(P2pStreams::new)
+    }
+}
+
+/// The progress-record label of the subgroup of `members` (ranks of the
+/// group labelled `parent`): world ranks where the parent's are known
+/// (`0,2`), else the parent's label and the members.
+fn members_label(parent: &str, members: &[usize]) -> String {
+    let known: Option<Vec<usize>> = if parent == super::contract::WORLD {
+        Some(members.to_vec())
+    } else {
+        let ranks: Option<Vec<usize>> = parent.split(',').map(|r| r.parse().ok()).collect();
+        ranks.and_then(|ranks| members.iter().map(|&m| ranks.get(m).copied()).collect())
+    };
+    let join = |ranks: &[usize], by: &str| {
+        ranks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(by)
+    };
+    match known {
+        Some(ranks) => join(&ranks, ","),
+        None => format!("{parent}:{}", join(members, ".")),
     }
 }
 

@@ -20,23 +20,69 @@ use super::contract::LAUNCHER_ENV;
 /// `PID:START` of this process, for [`LAUNCHER_ENV`].
 pub(crate) fn this_launcher() -> String {
     let pid = std::process::id();
-    format!("{pid}:{}", start_time(pid).unwrap_or_default())
+    let start = match liveness(pid) {
+        Liveness::Alive(start) => start,
+        _ => 0,
+    };
+    format!("{pid}:{start}")
 }
 
-/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks
-/// since boot; `None` when there is no such process (or it is a zombie).
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// What `/proc/PID/stat` says of a process.
+#[derive(Debug, PartialEq)]
+enum Liveness {
+    /// It runs, started at this time (field 22: clock ticks since boot).
+    Alive(u64),
+    /// No such process, or a zombie.
+    Gone,
+    /// The file could not be read for another reason (EMFILE when a
+    /// server holds every descriptor, ENOMEM): nothing is known.
+    Unknown,
+}
+
+fn liveness(pid: u32) -> Liveness {
+    classify(std::fs::read_to_string(format!("/proc/{pid}/stat")))
+}
+
+/// [`liveness`] from the result of reading `/proc/PID/stat`.
+fn classify(read: std::io::Result<String>) -> Liveness {
+    let stat = match read {
+        Ok(stat) => stat,
+        // ESRCH: the process went while the file was read.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            return Liveness::Gone
+        }
+        Err(_) => return Liveness::Unknown,
+    };
     // The command name (field 2) may hold spaces; the fields after it don't.
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-    if fields.next()? == "Z" {
-        return None;
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return Liveness::Unknown;
+    };
+    let mut fields = rest.split_whitespace();
+    if fields.next() == Some("Z") {
+        return Liveness::Gone;
     }
-    fields.nth(18)?.parse().ok()
+    fields
+        .nth(18)
+        .and_then(|f| f.parse().ok())
+        .map_or(Liveness::Unknown, Liveness::Alive)
+}
+
+/// Whether the launcher `pid` that started at `start` is gone: only "no
+/// such process", a zombie, or another process under its pid says so.
+fn launcher_gone(pid: u32, start: u64) -> bool {
+    match liveness(pid) {
+        Liveness::Alive(now) => now != start,
+        Liveness::Gone => true,
+        Liveness::Unknown => false,
+    }
 }
 
 /// Starts the watch once per process, when this process is a rank started
-/// by a launcher.
+/// by a launcher. A launcher that is already gone (killed while it started
+/// the ranks) ends the rank at once.
 pub(crate) fn watch_launcher() {
     static START: Once = Once::new();
     START.call_once(|| {
@@ -46,30 +92,33 @@ pub(crate) fn watch_launcher() {
         }) else {
             return;
         };
-        if start_time(pid) != Some(start) {
-            // Started by a launcher that is already gone, or the variable
-            // was inherited from elsewhere: nothing to watch.
-            return;
+        if launcher_gone(pid, start) {
+            leave(pid);
         }
         let spawned = std::thread::Builder::new()
             .name("safemlx-dist-watchdog".to_owned())
             .spawn(move || loop {
                 std::thread::sleep(Duration::from_millis(500));
-                if start_time(pid) != Some(start) {
-                    // The launcher read our stderr: the write may fail, and
-                    // `eprintln!` would panic on that.
-                    let _ = writeln!(
-                        std::io::stderr(),
-                        "safemlx-dist: the launcher (pid {pid}) is gone, so nothing would stop this rank on a failure; exiting"
-                    );
-                    remove_launcher_files();
-                    super::native::exit_immediately(3);
+                if launcher_gone(pid, start) {
+                    leave(pid);
                 }
             });
         if let Err(e) = spawned {
             eprintln!("safemlx-dist: cannot watch the launcher: {e}");
         }
     });
+}
+
+/// Says the launcher `pid` is gone, removes its files and exits with 3.
+fn leave(pid: u32) -> ! {
+    // The launcher read our stderr: the write may fail, and `eprintln!`
+    // would panic on that.
+    let _ = writeln!(
+        std::io::stderr(),
+        "safemlx-dist: the launcher (pid {pid}) is gone, so nothing would stop this rank on a failure; exiting"
+    );
+    remove_launcher_files();
+    super::native::exit_immediately(3)
 }
 
 /// The files a killed launcher could not remove: its temporary hostfile
@@ -90,6 +139,9 @@ fn remove_launcher_files() {
     }
     if let Some(dir) = std::env::var_os(super::PROGRESS_DIR_ENV).map(std::path::PathBuf::from) {
         if ours(&dir) {
+            if let Some(shm) = super::contract::shm_dir_for(&dir) {
+                let _ = std::fs::remove_dir_all(shm);
+            }
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -104,10 +156,20 @@ mod tests {
         let me = this_launcher();
         let (pid, start) = me.split_once(':').unwrap();
         assert_eq!(pid, std::process::id().to_string());
-        assert_eq!(start_time(std::process::id()), start.parse().ok());
+        let start: u64 = start.parse().unwrap();
+        assert_eq!(liveness(std::process::id()), Liveness::Alive(start));
+        assert!(!launcher_gone(std::process::id(), start));
+        assert!(launcher_gone(std::process::id(), start + 1));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let id = child.id();
         child.wait().unwrap();
-        assert_eq!(start_time(id), None);
+        assert_eq!(liveness(id), Liveness::Gone);
+        assert!(launcher_gone(id, 0));
+        // Out of descriptors (a server holding every one): not a dead
+        // launcher.
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert_eq!(classify(Err(emfile)), Liveness::Unknown);
+        let esrch = std::io::Error::from_raw_os_error(libc::ESRCH);
+        assert_eq!(classify(Err(esrch)), Liveness::Gone);
     }
 }

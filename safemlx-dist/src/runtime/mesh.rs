@@ -193,7 +193,9 @@ fn axis_group(world: &Group, members: &[usize], me: usize, relayed: bool) -> Res
     if matches!(world.backend(), Backend::Mpi | Backend::Nccl) {
         // Colour: the subgroup's first member, the same on all its ranks.
         let color = i32::try_from(members[0]).unwrap_or(i32::MAX);
-        return world.split(color, i32::try_from(me).ok());
+        return Ok(world
+            .split(color, i32::try_from(me).ok())?
+            .labelled_as_subgroup_of(world, members));
     }
     world
         .subgroup(members.to_vec(), me, relayed)

@@ -44,6 +44,8 @@ const RECORD: usize = 160;
 struct Entered {
     op: &'static str,
     seq: u64,
+    /// The record's group word (see `contract::Record`).
+    group: std::sync::Arc<str>,
     group_size: usize,
     shape: Vec<i32>,
     dtype: safemlx::Dtype,
@@ -56,6 +58,7 @@ impl Entered {
             waits,
             op: self.op.to_owned(),
             seq: self.seq,
+            group: self.group.to_string(),
         };
         record.line(&self.describe())
     }
@@ -101,10 +104,20 @@ fn open_alive(state: &mut State, rank: usize) {
     }
 }
 
-/// Before joining a group: the heartbeat, under the rank the launcher gave.
+/// Before joining a group: the heartbeat and the progress record, under
+/// the rank the launcher gave, so that a join that times out says so
+/// (`waits joining`): the launcher takes its snapshot of the ranks' files
+/// at that moment, before stopping the run wakes a stopped peer (mpirun
+/// sends SIGCONT first), which would then start its own heartbeat.
 pub(crate) fn starting() {
     if let Some(rank) = rank_from_env() {
-        open_alive(&mut state(), rank);
+        let mut state = state();
+        open_alive(&mut state, rank);
+        if state.file.is_none() {
+            if let Some(dir) = std::env::var_os(PROGRESS_DIR_ENV) {
+                state.file = File::create(record_path(&PathBuf::from(dir), rank)).ok();
+            }
+        }
     }
 }
 
@@ -179,8 +192,15 @@ pub(crate) fn joined(rank: usize, size: usize) {
 }
 
 /// Counts a collective `op` of a group of `group_size` on `input`: its
-/// sequence number in that group is `seq`.
-pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array) {
+/// sequence number in that group (named `group`, see `contract::Record`)
+/// is `seq`.
+pub(crate) fn enter(
+    op: &'static str,
+    seq: u64,
+    group: &std::sync::Arc<str>,
+    group_size: usize,
+    input: &Array,
+) {
     if group_size < 2 {
         return;
     }
@@ -189,6 +209,7 @@ pub(crate) fn enter(op: &'static str, seq: u64, group_size: usize, input: &Array
         let entered = Entered {
             op,
             seq,
+            group: group.clone(),
             group_size,
             shape: input.shape().to_vec(),
             dtype: input.dtype(),
@@ -247,6 +268,7 @@ pub(crate) fn expire_joining(timeout: Duration) -> ! {
             waits: true,
             op: "joining".to_owned(),
             seq: 0,
+            group: super::contract::OWN_COUNT.to_owned(),
         };
         write(&state, &joining.line("its group"));
     }
