@@ -401,4 +401,38 @@ mod tests {
             "model m: rope_scaling (beta_fast) is 0: a RoPE scaling factor must be a finite number above 0"
         );
     }
+
+    #[test]
+    fn keys_that_change_the_math_are_honoured_or_refused_by_name() {
+        let refused = |key: &str, value: Value| {
+            let mut j = smollm2();
+            j[key] = value;
+            LlamaConfig::from_hf(&j, "m").unwrap_err().to_string()
+        };
+        assert_eq!(
+            refused("hidden_act", "relu6".into()),
+            "model m: \"hidden_act\" is \"relu6\"; supported: \"silu\", \"swish\""
+        );
+        assert_eq!(
+            refused("rope_scaling", 5.into()),
+            "model m: \"rope_scaling\" is 5, not an object such as {\"rope_type\": \"linear\", \"factor\": 2.0} (or null for none)"
+        );
+        for n in [0, 1] {
+            assert_eq!(
+                refused("max_position_embeddings", n.into()),
+                format!("model m: \"max_position_embeddings\" is {n}: a context must hold a prompt token and a generated one")
+            );
+        }
+        assert_eq!(
+            refused("sliding_window", 0.into()),
+            "model m: \"sliding_window\" is 0: a window must hold at least one position (null for none)"
+        );
+        // What is read as it says.
+        let mut j = smollm2();
+        j["hidden_act"] = "silu".into();
+        j["rope_scaling"] = Value::Null;
+        j["sliding_window"] = Value::Null;
+        let c = LlamaConfig::from_hf(&j, "m").unwrap();
+        assert_eq!((c.max_position_embeddings, c.sliding_window), (8192, None));
+    }
 }

@@ -166,7 +166,15 @@ impl LlamaConfig {
             o_bias: false,
             attention_sinks: false,
             qk_norm: family == Family::Qwen3,
-            max_position_embeddings: int(&key("context_length"))?.unwrap_or(0),
+            max_position_embeddings: match int(&key("context_length"))? {
+                Some(n) if n < 2 => {
+                    return Err(fail(format!(
+                        "{} is {n}: a context must hold a prompt token and a generated one",
+                        key("context_length")
+                    )))
+                }
+                n => n.unwrap_or(0),
+            },
             sliding_window: None,
             full_attention_layers: Vec::new(),
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),

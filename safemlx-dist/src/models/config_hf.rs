@@ -74,7 +74,18 @@ impl LlamaConfig {
                 "\"mlp_bias\" is true; MLP biases are not supported".to_owned(),
             ));
         }
+        check_activation(json, &fail)?;
         // Transformers 5 keeps rope_theta and the scaling in "rope_parameters".
+        for key in ["rope_parameters", "rope_scaling"] {
+            match json.get(key) {
+                None | Some(Value::Null | Value::Object(_)) => {}
+                Some(v) => {
+                    return Err(fail(format!(
+                        "\"{key}\" is {v}, not an object such as {{\"rope_type\": \"linear\", \"factor\": 2.0}} (or null for none)"
+                    )))
+                }
+            }
+        }
         let rope = json
             .get("rope_parameters")
             .filter(|v| v.is_object())
@@ -107,6 +118,12 @@ impl LlamaConfig {
             (None, Family::GptOss) => Some(super::gpt_oss::default_layer_types(layers)),
             (kinds, _) => kinds,
         };
+        if int("sliding_window")? == Some(0) {
+            return Err(fail(
+                "\"sliding_window\" is 0: a window must hold at least one position (null for none)"
+                    .to_owned(),
+            ));
+        }
         let sliding_window = match (family, &sliding) {
             (Family::Mistral | Family::Mixtral, _) => int("sliding_window")?,
             (_, Some(kinds)) if kinds.iter().any(|&s| s) => Some(need("sliding_window")?),
@@ -207,7 +224,14 @@ impl LlamaConfig {
             attention_sinks: family == Family::GptOss,
             qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe)
                 || (family == Family::Glm4Moe && flag("use_qk_norm")?.unwrap_or(false)),
-            max_position_embeddings: int("max_position_embeddings")?.unwrap_or(0),
+            max_position_embeddings: match int("max_position_embeddings")? {
+                Some(n) if n < 2 => {
+                    return Err(fail(format!(
+                        "\"max_position_embeddings\" is {n}: a context must hold a prompt token and a generated one"
+                    )))
+                }
+                n => n.unwrap_or(0),
+            },
             sliding_window,
             full_attention_layers,
             eos_token_ids,
@@ -227,6 +251,28 @@ impl LlamaConfig {
         )?;
         Ok(config)
     }
+}
+
+/// The activations the MLPs compute: SiLU (SwiGLU), under its names.
+const ACTIVATIONS: [&str; 2] = ["silu", "swish"];
+
+/// `hidden_act` (Gemma's spelling `hidden_activation` too), when the file
+/// has it, must be SiLU: every family read here gates its MLP with SiLU,
+/// and another activation would run as SiLU and give other numbers.
+fn check_activation(json: &Value, fail: &dyn Fn(String) -> crate::error::Error) -> Result<()> {
+    for key in ["hidden_act", "hidden_activation"] {
+        match json.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(act)) if ACTIVATIONS.contains(&act.as_str()) => {}
+            Some(v) => {
+                return Err(fail(format!(
+                    "\"{key}\" is {v}; supported: {}",
+                    ACTIVATIONS.map(|a| format!("\"{a}\"")).join(", ")
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `layer_types`, when the file has it: whether each layer is a sliding

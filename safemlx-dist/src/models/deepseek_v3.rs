@@ -88,18 +88,28 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<Option<MoeSettings>> {
     Ok(Some(moe))
 }
 
-/// The warning for tensors of the multi-token-prediction layers (those
-/// under `model.layers.{layers}.` and after) among `names`, which
-/// generation does not use: `None` when there are none.
-pub fn mtp_warning<'a>(names: impl Iterator<Item = &'a str>, layers: usize) -> Option<String> {
-    let mut skipped: Vec<(usize, &str)> = names
+/// The tensors among `names` of layers `layers` and after
+/// (`model.layers.{n}.`), with their layer, in order.
+pub fn layers_past<'a>(
+    names: impl Iterator<Item = &'a str>,
+    layers: usize,
+) -> Vec<(usize, &'a str)> {
+    let mut past: Vec<(usize, &str)> = names
         .filter_map(|name| {
             let rest = name.strip_prefix("model.layers.")?;
             let layer: usize = rest.split('.').next()?.parse().ok()?;
             (layer >= layers).then_some((layer, name))
         })
         .collect();
-    skipped.sort_unstable();
+    past.sort_unstable();
+    past
+}
+
+/// The warning for tensors of the multi-token-prediction layers (those
+/// under `model.layers.{layers}.` and after) among `names`, which
+/// generation does not use: `None` when there are none.
+pub fn mtp_warning<'a>(names: impl Iterator<Item = &'a str>, layers: usize) -> Option<String> {
+    let skipped = layers_past(names, layers);
     let (first, last) = (skipped.first()?.0, skipped.last()?.0);
     let which = match first == last {
         true => format!("layer {first}"),

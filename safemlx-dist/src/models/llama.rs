@@ -25,7 +25,7 @@ mod batch;
 mod notes;
 mod stage;
 
-pub(in crate::models) use notes::load_notes;
+pub(in crate::models) use notes::{check_layers, load_notes};
 pub use stage::StageInput;
 
 use safemlx::{Array, Stream};
@@ -33,7 +33,7 @@ use safemlx::{Array, Stream};
 use super::config::{ExpertLayout, Family, LlamaConfig};
 use super::stages::Stage;
 use super::{deepseek_v3, phi3};
-use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, Weights};
+use crate::checkpoint::{GgufFile, GgufWeights, HfDirectory, OneDtype, Weights};
 use crate::error::{Error, Result};
 use crate::grad::Parameters;
 use crate::nn::{
@@ -115,7 +115,9 @@ impl Llama {
     /// the directory, the key or the tensor.
     pub fn from_hf(group: &Group, dir: &HfDirectory, s: &Stream) -> Result<Self> {
         let config = LlamaConfig::from_hf(dir.config(), &dir.path().display().to_string())?;
-        let model = Self::load(&Weights::new(dir, group), config, s)?;
+        check_layers(dir, &config)?;
+        let one = OneDtype::of(dir);
+        let model = Self::load(&Weights::new(OneDtype::or(&one, dir), group), config, s)?;
         load_notes(group, dir, &model);
         Ok(model)
     }

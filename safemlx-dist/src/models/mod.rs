@@ -44,7 +44,7 @@ pub use stage_memory::{
 };
 pub use stages::{parse_weights, LayerSplit, Stage};
 
-use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource, Weights};
+use crate::checkpoint::{Dequantized, GgufFile, HfDirectory, OneDtype, TensorSource, Weights};
 use crate::error::Result;
 use crate::nn::ExpertPlacement;
 use crate::runtime::Group;
@@ -164,7 +164,9 @@ fn load_part(
         };
         let dequantized = Dequantized(source);
         let source: &dyn TensorSource = if dequantize { &dequantized } else { source };
-        let mut w = Weights::new(source, group);
+        // float32 sinks, norms and biases beside 16-bit weights: one dtype.
+        let one = OneDtype::of(source);
+        let mut w = Weights::new(OneDtype::or(&one, source), group);
         if let Some(shares) = &options.tensor_split {
             w = w.with_shares(shares)?;
         }
@@ -177,6 +179,7 @@ fn load_part(
         if let Some(moe) = &mut config.moe {
             moe.placement = options.experts;
         }
+        llama::check_layers(&dir, &config)?;
         let model = load(&dir, config)?;
         llama::load_notes(group, &dir, &model);
         (model, Box::new(dir), tokenizer)

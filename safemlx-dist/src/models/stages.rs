@@ -106,11 +106,19 @@ fn weighted_counts(weights: &[u32], layers: usize) -> Result<Vec<usize>> {
 pub fn parse_weights(flag: &str, text: &str) -> Result<Vec<u32>> {
     text.split(':')
         .map(|part| {
-            part.trim().parse::<u32>().map_err(|_| {
+            let digits = part.trim();
+            let bad = |why: &str| {
                 Error::Setting(format!(
-                    "{flag} {text}: `{part}` is not a whole number; give weights such as 3:1"
+                    "{flag} {text}: `{part}` {why}; give weights such as 3:1"
                 ))
-            })
+            };
+            // Digits only: no sign, no other script's digits.
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad("is not a whole number in digits 0-9"));
+            }
+            digits
+                .parse::<u32>()
+                .map_err(|_| bad("is too large a weight"))
         })
         .collect()
 }
@@ -223,8 +231,15 @@ mod tests {
         assert_eq!(w("2:1").ranges(4).unwrap(), vec![0..3, 3..4]);
         assert_eq!(
             "3:x".parse::<LayerSplit>().unwrap_err().to_string(),
-            "--split 3:x: `x` is not a whole number; give weights such as 3:1"
+            "--split 3:x: `x` is not a whole number in digits 0-9; give weights such as 3:1"
         );
+        for bad in ["-1:2", "+1:2", "\u{ff11}:2"] {
+            let part = bad.split(':').next().unwrap();
+            assert_eq!(
+                bad.parse::<LayerSplit>().unwrap_err().to_string(),
+                format!("--split {bad}: `{part}` is not a whole number in digits 0-9; give weights such as 3:1")
+            );
+        }
         assert_eq!(
             w("3:0").ranges(4).unwrap_err().to_string(),
             "--split 3:0: part 2 is 0; every stage needs a positive weight"

@@ -78,21 +78,35 @@ impl FromStr for MeshSpec {
     /// `pp=2,tp=2`, `pp=3`, `tp=4`.
     fn from_str(text: &str) -> Result<Self> {
         let mut spec = Self::default();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if text.trim().is_empty() {
+            return Err(Error::Setting(format!(
+                "--mesh {text:?} names no axis; give axes such as pp=2,tp=2 (or leave --mesh out)"
+            )));
+        }
+        for part in text.split(',').map(str::trim) {
             let bad = |why: &str| {
                 Error::Setting(format!(
                     "--mesh {text}: `{part}` {why}; give axes such as pp=2,tp=2"
                 ))
             };
+            if part.is_empty() {
+                return Err(bad("is an empty axis (a comma too many)"));
+            }
             let (name, size) = part
                 .split_once('=')
                 .ok_or_else(|| bad("is not axis=size"))?;
+            let size = size.trim();
+            // Digits only: no sign, no other script's digits.
+            if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad("needs a positive size in digits 0-9"));
+            }
             let size: usize = size
-                .trim()
                 .parse()
-                .ok()
-                .filter(|s| *s > 0)
-                .ok_or_else(|| bad("needs a positive size"))?;
+                .map_err(|_| bad("is too large a size"))
+                .and_then(|s: usize| match s {
+                    0 => Err(bad("needs a positive size")),
+                    s => Ok(s),
+                })?;
             let axis = match name.trim() {
                 "pp" => &mut spec.pp,
                 "tp" => &mut spec.tp,
@@ -127,5 +141,42 @@ impl fmt::Display for MeshSpec {
 impl fmt::Display for MeshAxes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pp={},tp={}", self.pp, self.tp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> String {
+        text.parse::<MeshSpec>().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_mesh_is_axes_in_digits_and_nothing_else() {
+        let spec: MeshSpec = "pp=2, tp=2".parse().unwrap();
+        assert_eq!(spec.to_string(), "pp=2,tp=2");
+        assert_eq!(
+            refused(""),
+            "--mesh \"\" names no axis; give axes such as pp=2,tp=2 (or leave --mesh out)"
+        );
+        assert_eq!(
+            refused("pp=1,"),
+            "--mesh pp=1,: `` is an empty axis (a comma too many); give axes such as pp=2,tp=2"
+        );
+        for size in ["+1", "\u{ff12}", "-1", "2.0"] {
+            assert_eq!(
+                refused(&format!("pp={size}")),
+                format!("--mesh pp={size}: `pp={size}` needs a positive size in digits 0-9; give axes such as pp=2,tp=2")
+            );
+        }
+        assert_eq!(
+            refused("pp=18446744073709551616"),
+            "--mesh pp=18446744073709551616: `pp=18446744073709551616` is too large a size; give axes such as pp=2,tp=2"
+        );
+        assert_eq!(
+            refused("pp=0"),
+            "--mesh pp=0: `pp=0` needs a positive size; give axes such as pp=2,tp=2"
+        );
     }
 }

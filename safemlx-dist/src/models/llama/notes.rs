@@ -30,6 +30,33 @@ impl Llama {
     }
 }
 
+/// Refuses weights of layers past `config.layers` in a family without
+/// multi-token-prediction layers (only GLM-4-MoE's and DeepSeek-V3's
+/// checkpoints hold those, skipped with a warning): config.json and the
+/// weights disagree, and which one is right is the user's to say.
+///
+/// # Errors
+/// The first such tensor and the layer count, named.
+pub(in crate::models) fn check_layers(
+    dir: &HfDirectory,
+    config: &crate::models::LlamaConfig,
+) -> crate::error::Result<()> {
+    use crate::models::Family;
+    if matches!(config.family, Family::DeepseekV3 | Family::Glm4Moe) {
+        return Ok(());
+    }
+    match deepseek_v3::layers_past(dir.names(), config.layers).first() {
+        None => Ok(()),
+        Some((layer, name)) => Err(crate::error::Error::Model {
+            path: dir.path().display().to_string(),
+            message: format!(
+                "the weights hold layer {layer} (`{name}`) but \"num_hidden_layers\" is {}: config.json and the weights disagree; fix the one that is wrong",
+                config.layers
+            ),
+        }),
+    }
+}
+
 /// On rank 0, one warning on stderr naming the layers after the last one
 /// that `dir` holds (GLM-4-MoE's and DeepSeek-V3's multi-token
 /// prediction), which `model` does not read; and one line on how it holds
