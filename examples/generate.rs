@@ -27,7 +27,8 @@
 //! prints the bytes it read, the bytes its weights (quantized or not) and KV cache
 //! hold, and the prefill and decode tokens/s. `--check` also runs the same model in one process (a child of
 //! rank 0, or of a pipeline's last rank, without peers), compares the prompt's logits (maximum relative
-//! error, at most 1e-4) and checks that the greedy tokens agree.
+//! error, at most 1e-4 for float32 logits) and checks that the greedy tokens agree
+//! (`safemlx_dist::generate::check`; `safemlx generate --check` does the same).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,10 +44,7 @@ use safemlx_dist::typed::MeshSpec;
 use safemlx_dist::{init, Backend};
 use safemlx_dist_examples::cpu_stream;
 
-#[path = "generate/check.rs"]
-mod check;
-
-use check::{check, write_reference, REFERENCE_ENV};
+use safemlx_dist::generate::check::{check, reference_out, write_reference, CheckedRun};
 
 const DEFAULT_PROMPT: &str = "What is the capital of France? Answer in one sentence.";
 
@@ -209,7 +207,7 @@ fn prompt_tokens(loaded: &Loaded, o: &Options) -> Result<Vec<u32>, String> {
 fn run() -> Result<(), String> {
     let o = options()?;
     let s = cpu_stream();
-    let reference = std::env::var_os(REFERENCE_ENV).map(PathBuf::from);
+    let reference = reference_out();
     // Non-strict: without peers (run directly, or the reference) one rank.
     let backend = if reference.is_some() {
         Backend::Ring
@@ -235,7 +233,7 @@ fn run() -> Result<(), String> {
     let eos = &model.config().eos_token_ids;
 
     if let Some(out) = reference {
-        return write_reference(&loaded, &prompt, o.max_tokens, eos, &out);
+        return write_reference(model, &prompt, o.max_tokens, &out, &s).map_err(err);
     }
     if rank == 0 {
         println!(
@@ -292,7 +290,16 @@ fn run() -> Result<(), String> {
     }
     report(&loaded, &generated, &cache, (rank, n), load_seconds);
     if o.check {
-        check(&group, link.as_ref(), &loaded, &o, &prompt, &generated)?;
+        let run = CheckedRun {
+            prompt: &prompt,
+            generated: &generated,
+            max_tokens: o.max_tokens,
+            prefill_chunk: o.prefill_chunk,
+            sampled: o.temperature != 0.0,
+        };
+        if let Some(line) = check(&group, link.as_ref(), model, &run, &s).map_err(err)? {
+            println!("{line}");
+        }
     }
     Ok(())
 }

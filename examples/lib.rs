@@ -175,33 +175,10 @@ pub fn report_check(label: &str, got: &Array, want: &Array) -> Result<(), String
 }
 
 /// The maximum absolute error of `got` against `want` and that error
-/// relative to `want`'s largest magnitude. A NaN or infinity on either
-/// side is an error (a maximum built with `f32::max` would drop a NaN and
-/// report a perfect match for all-NaN output).
+/// relative to `want`'s largest magnitude; NaN or infinity on either side
+/// is an error (see [`safemlx_dist::generate::check::compare_values`]).
 pub fn compare(got: &[f32], want: &[f32]) -> Result<(f32, f32), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{} values computed but {} expected",
-            got.len(),
-            want.len()
-        ));
-    }
-    for (side, values) in [("computed", got), ("expected", want)] {
-        let bad = values.iter().filter(|v| !v.is_finite()).count();
-        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
-            return Err(format!(
-                "{bad} of {} {side} values are not finite (the first, at index {at}, is {})",
-                values.len(),
-                values[at]
-            ));
-        }
-    }
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_abs = got
-        .iter()
-        .zip(want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    Ok((max_abs, max_abs / scale.max(1e-12)))
+    safemlx_dist::generate::check::compare_values(got, want)
 }
 
 /// Appends `lines` (JSON rows), one per line, to the file `path`, made if

@@ -111,6 +111,10 @@ pub enum Error {
     /// clipping norm); the message names it, its value and what it must be.
     #[error("{0}")]
     Setting(String),
+    /// `--check` found the split run and one process apart (the message
+    /// has both figures), or could not run the one process.
+    #[error("{0}")]
+    Check(String),
 
     /// A checkpoint that cannot be read or written, or lacks a tensor.
     #[error("checkpoint {path}: {message}")]

@@ -6,6 +6,7 @@
 //! Every rank computes the same gathered logits and runs the same seeded
 //! sampler, so every rank produces the same tokens without a broadcast.
 
+pub mod check;
 mod pipeline;
 
 use std::time::Instant;
