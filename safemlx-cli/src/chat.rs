@@ -40,13 +40,13 @@ const BOUNDS: Bounds = Bounds {
 ///
 /// # Errors
 /// A bad option, the model's loading, or a fault of a peer.
-pub fn run(args: ChatArgs) -> Result<(), String> {
+pub fn run(args: ChatArgs) -> Result<(), crate::failure::Failure> {
     let s = cpu_stream();
-    let group = init(false, args.model.backend()?).map_err(|e| e.to_string())?;
+    let group = init(false, args.model.backend()?)?;
     let placed = args.model.load(&group, &s)?;
     let (loaded, link) = (&placed.loaded, placed.link.as_ref());
     if group.rank() != 0 {
-        return follow(&loaded.model, BOUNDS, (&group, link), &s);
+        return Ok(follow(&loaded.model, BOUNDS, (&group, link), &s)?);
     }
     let config = loaded.model.config();
     let settings = Settings {
@@ -71,9 +71,9 @@ pub fn run(args: ChatArgs) -> Result<(), String> {
         (&group, link),
         &s,
     )?;
-    terminal
+    Ok(terminal
         .join()
-        .map_err(|_| "the terminal thread panicked".to_owned())?
+        .map_err(|_| "the terminal thread panicked".to_owned())??)
 }
 
 /// The terminal's side: reads a line, sends the conversation, prints the

@@ -3,10 +3,12 @@
 
 use std::io::Write;
 
+use safemlx_dist::generate::check::{check, reference_out, write_reference, CheckedRun};
 use safemlx_dist::generate::{generate, generate_stages, Sampler};
-use safemlx_dist::init;
+use safemlx_dist::{init, Backend};
 
-use crate::model_args::{cpu_stream, ModelArgs, SamplingArgs};
+use crate::failure::Failure;
+use crate::model_args::{cpu_stream, ModelArgs, SamplingArgs, Weights};
 
 /// Generate text for one prompt.
 #[derive(Debug, clap::Args)]
@@ -28,15 +30,28 @@ pub struct GenerateArgs {
     pub prefill_chunk: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Also run the whole model in one process (a child of the rank that
+    /// holds the logits) and compare the prompt's logits (within a bound
+    /// for their dtype, printed) and the greedy tokens; with `--weights
+    /// auto` the weights are then float32 on both sides
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// Runs `generate` on this rank.
 ///
 /// # Errors
 /// A bad option, the model's loading, or a fault of a peer.
-pub fn run(args: GenerateArgs) -> Result<(), String> {
+pub fn run(mut args: GenerateArgs) -> Result<(), Failure> {
     let s = cpu_stream();
-    let group = init(false, args.model.backend()?).map_err(|e| e.to_string())?;
+    if args.check && args.model.weights == Weights::Auto {
+        // Both sides compute in float32, whatever memory each has.
+        args.model.weights = Weights::Float;
+    }
+    if let Some(out) = reference_out() {
+        return reference(args, &out);
+    }
+    let group = init(false, args.model.backend()?)?;
     let mut sampler = Sampler::new(
         args.sampling.temperature,
         args.sampling.top_p,
@@ -45,19 +60,16 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let placed = args.model.load(&group, &s)?;
     let loaded = &placed.loaded;
-    let text = if args.raw {
-        args.prompt.clone()
-    } else {
-        loaded
-            .tokenizer
-            .apply_chat_template(&[("user", &args.prompt)])
-            .map_err(|e| format!("{e} (or give --raw)"))?
-    };
-    let prompt = loaded.tokenizer.encode(&text).map_err(|e| e.to_string())?;
-    if prompt.is_empty() {
-        return Err("the prompt has no tokens; give --prompt TEXT".to_owned());
-    }
+    let prompt = prompt_tokens(&args, &loaded.tokenizer)?;
     let model = &loaded.model;
+    if group.rank() == 0 {
+        eprintln!("safemlx: prompt {} tokens", prompt.len());
+    }
+    let max_tokens = within_context(
+        prompt.len(),
+        args.max_tokens,
+        model.config().max_position_embeddings,
+    )?;
     let mut cache = model.new_cache();
     let mut pieces = loaded.tokenizer.stream();
     let mut stdout = std::io::stdout();
@@ -79,7 +91,7 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
             link,
             &mut cache,
             &prompt,
-            (args.max_tokens, args.prefill_chunk),
+            (max_tokens, args.prefill_chunk),
             &mut sampler,
             eos,
             on_token,
@@ -89,7 +101,7 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
             model,
             &mut cache,
             &prompt,
-            args.max_tokens,
+            max_tokens,
             &mut sampler,
             eos,
             on_token,
@@ -99,6 +111,20 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     if rank == 0 {
         println!();
+    }
+    if args.check {
+        let run = CheckedRun {
+            prompt: &prompt,
+            generated: &generated,
+            max_tokens,
+            prefill_chunk: args.prefill_chunk,
+            sampled: args.sampling.temperature != 0.0,
+        };
+        if let Some(line) = check(&group, placed.link.as_ref(), model, &run, &s)? {
+            println!("{line}");
+        }
+    }
+    if rank == 0 {
         eprintln!(
             "safemlx: prefill {} tokens at {:.1} tokens/s, decode {} tokens at {:.1} tokens/s on {} ranks{}",
             generated.prompt_tokens,
@@ -114,4 +140,80 @@ pub fn run(args: GenerateArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The prompt's tokens: `--prompt` through the chat template, or as it is
+/// with `--raw`.
+fn prompt_tokens(
+    args: &GenerateArgs,
+    tokenizer: &safemlx_dist::tokenizer::Tokenizer,
+) -> Result<Vec<u32>, String> {
+    let text = if args.raw {
+        args.prompt.clone()
+    } else {
+        tokenizer
+            .apply_chat_template(&[("user", &args.prompt)])
+            .map_err(|e| format!("{e} (or give --raw)"))?
+    };
+    let prompt = tokenizer.encode(&text).map_err(|e| e.to_string())?;
+    if prompt.is_empty() {
+        return Err("the prompt has no tokens; give --prompt TEXT".to_owned());
+    }
+    Ok(prompt)
+}
+
+/// `--check`'s single-process reference (this program started again by the
+/// comparing rank): the whole model, whatever the layout flags say,
+/// written to `out`.
+fn reference(mut args: GenerateArgs, out: &std::path::Path) -> Result<(), Failure> {
+    let s = cpu_stream();
+    let group = init(false, Backend::Ring)?;
+    args.model.mesh = None;
+    args.model.split = None;
+    args.model.tensor_split = None;
+    let placed = args.model.load(&group, &s)?;
+    let model = &placed.loaded.model;
+    let prompt = prompt_tokens(&args, &placed.loaded.tokenizer)?;
+    let context = model.config().max_position_embeddings;
+    let max_tokens = within_context(prompt.len(), args.max_tokens, context)?;
+    write_reference(model, &prompt, max_tokens, out, &s)?;
+    Ok(())
+}
+
+/// `max_tokens` cut so that the prompt and the generated tokens fit the
+/// model's context (`context` 0: the file does not say).
+///
+/// # Errors
+/// A prompt that fills the context by itself.
+fn within_context(prompt: usize, max_tokens: usize, context: usize) -> Result<usize, String> {
+    if context == 0 {
+        return Ok(max_tokens);
+    }
+    if prompt >= context {
+        return Err(format!(
+            "the prompt has {prompt} tokens and the model's context is {context} (max_position_embeddings, or the GGUF's context_length): no room to generate; give a shorter prompt"
+        ));
+    }
+    let room = context - prompt;
+    if max_tokens > room {
+        eprintln!(
+            "safemlx: --max-tokens {max_tokens} cut to {room}: the prompt's {prompt} tokens and the generated ones must fit the model's context of {context}"
+        );
+    }
+    Ok(max_tokens.min(room))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within_context;
+
+    #[test]
+    fn generation_stays_within_the_context() {
+        assert_eq!(within_context(5, 100, 0), Ok(100));
+        assert_eq!(within_context(5, 100, 64), Ok(59));
+        assert_eq!(within_context(5, 10, 64), Ok(10));
+        assert!(within_context(2, 10, 2)
+            .unwrap_err()
+            .starts_with("the prompt has 2 tokens and the model's context is 2"));
+    }
 }

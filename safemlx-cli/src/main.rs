@@ -3,6 +3,7 @@
 //! Without the launcher it runs as one rank.
 
 mod chat;
+mod failure;
 mod generate;
 mod model_args;
 mod serve;
@@ -41,11 +42,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        Err(failure) => {
             // One write: under mpirun every write is its own tagged line.
-            let line = format!("safemlx {name}: {message}\n");
+            let line = format!("safemlx {name}: {}\n", failure.message());
             let _ = std::io::stderr().write_all(line.as_bytes());
-            ExitCode::FAILURE
+            ExitCode::from(failure.exit_code())
         }
     }
 }

@@ -37,12 +37,12 @@ pub struct ModelArgs {
     /// Layers per pipeline stage in proportion to these weights, one per
     /// stage, or to each stage's free memory (`memory`;
     /// SAFEMLX_DIST_MEMORY overrides what a rank reports) [default: even]
-    #[arg(long, value_name = "W1:W2:..|memory")]
+    #[arg(long, value_name = "W1:W2:..|memory", allow_hyphen_values = true)]
     pub split: Option<StageSplit>,
     /// Attention heads, hidden columns and experts per tensor-parallel
     /// rank (of each stage) in proportion to these weights, one per rank,
     /// or to each rank's free memory (`memory`) [default: even]
-    #[arg(long, value_name = "W1:W2:..|memory")]
+    #[arg(long, value_name = "W1:W2:..|memory", allow_hyphen_values = true)]
     pub tensor_split: Option<TensorSplit>,
     /// MLX's distributed backend
     #[arg(long, env = "SAFEMLX_DIST_BACKEND", default_value = "ring")]
@@ -53,11 +53,11 @@ pub struct ModelArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {
     /// Sampling temperature (0: greedy)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
     pub temperature: f32,
     /// Nucleus sampling: the smallest set of tokens whose probability
     /// reaches P
-    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    #[arg(long, default_value_t = 1.0, value_name = "P", value_parser = top_p)]
     pub top_p: f32,
     /// The sampler's seed
     #[arg(long, default_value_t = 0)]
@@ -138,7 +138,7 @@ impl ModelArgs {
     ///
     /// # Errors
     /// The layout's and the model's reading errors.
-    pub fn load(&self, group: &Group, s: &Stream) -> Result<Placed, String> {
+    pub fn load(&self, group: &Group, s: &Stream) -> Result<Placed, crate::failure::Failure> {
         let path = self.path()?;
         let experts = match self.experts {
             Experts::Parallel => ExpertPlacement::ExpertParallel,
@@ -162,7 +162,7 @@ impl ModelArgs {
             experts,
             tensor_split: None,
         };
-        let placed = load_layout(group, &path, options, &layout, s).map_err(|e| e.to_string())?;
+        let placed = load_layout(group, &path, options, &layout, s)?;
         for note in &placed.notes {
             eprintln!("safemlx: {note}");
         }
@@ -212,4 +212,33 @@ fn available_memory() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// `--temperature`: a finite number, 0 or above (checked before the model
+/// loads).
+fn temperature(text: &str) -> Result<f32, String> {
+    let t: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if t.is_finite() && t >= 0.0 {
+        Ok(t)
+    } else {
+        Err(format!(
+            "{text} is not a temperature: give 0 (greedy) or a positive number"
+        ))
+    }
+}
+
+/// `--top-p`: above 0 and at most 1.
+fn top_p(text: &str) -> Result<f32, String> {
+    let p: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{text} is not a probability above 0 and at most 1"))
+    }
 }

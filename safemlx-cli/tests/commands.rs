@@ -143,24 +143,42 @@ fn bad_options_name_the_flag() {
         text(&out)
     );
     // A layout that does not fit the run stops before any weight is read.
+    // A layout that cannot be is a usage error: exit 2, as clap's.
     let out = safemlx(1, &["generate", "--prompt", "x", "--mesh", "pp=3"], "");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("--mesh pp=3 needs 3 ranks (3 x 1) but the run has 1; launch it with -n 3 or change the axes"),
         "{}",
         text(&out)
     );
     let out = safemlx(1, &["serve", "--port", "0", "--split", "3:1"], "");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("--split 3:1 divides the layers into pipeline stages, but the mesh pp=1,tp=1 has one stage; give --mesh pp=P too"),
         "{}",
         text(&out)
     );
-    let out = safemlx(1, &["generate", "--prompt", "x", "--temperature=-1"], "");
-    assert!(
-        text(&out).contains("the temperature is -1"),
-        "{}",
-        text(&out)
-    );
+    // Flags are checked before anything loads (no --model is given here).
+    for (flag, message) in [
+        (
+            "--temperature=-1",
+            "-1 is not a temperature: give 0 (greedy) or a positive number",
+        ),
+        ("--temperature=nan", "nan is not a temperature"),
+        ("--top-p=2", "2 is not a probability above 0 and at most 1"),
+        (
+            "--split=-1:2",
+            "--split -1:2: `-1` is not a whole number in digits 0-9",
+        ),
+        (
+            "--mesh=pp=+1",
+            "`pp=+1` needs a positive size in digits 0-9",
+        ),
+        ("--mesh=", "--mesh \"\" names no axis"),
+        ("--mesh=pp=1,", "is an empty axis (a comma too many)"),
+    ] {
+        let out = safemlx(1, &["generate", "--prompt", "x", flag], "");
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", text(&out));
+        assert!(text(&out).contains(message), "{flag}: {}", text(&out));
+    }
 }

@@ -107,7 +107,14 @@ print(json.dumps({"whole": whole.choices[0].message.content, "streamed": "".join
         let answer = openai(script, &[&server.url(), "SmolLM2-135M-Instruct.Q4_1.gguf"]);
         assert_eq!(answer["whole"], content.as_str(), "{ranks} ranks");
         assert_eq!(answer["streamed"], content.as_str(), "{ranks} ranks");
-        assert_eq!(answer["models"], json!(["SmolLM2-135M-Instruct.Q4_1.gguf"]));
+        assert_eq!(
+            answer["models"],
+            json!([
+                "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "SmolLM2-135M-Instruct.Q4_1",
+                "default_model"
+            ])
+        );
     }
 }
 

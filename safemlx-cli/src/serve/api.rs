@@ -86,12 +86,17 @@ const UNSUPPORTED: [&str; 12] = [
     "audio",
 ];
 
-/// Checks `body` for `endpoint` and the served `model`.
+/// Checks `body` for `endpoint` and the served model's `names` (`None`:
+/// any name is taken).
 ///
 /// # Errors
 /// Malformed JSON, a missing or mistyped field, a value out of range, an
 /// unsupported field, or another model's name (404).
-pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Parsed, ApiError> {
+pub fn parse(
+    body: &[u8],
+    endpoint: Endpoint,
+    names: Option<&[String]>,
+) -> Result<Parsed, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(400, format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(o) = value else {
@@ -100,7 +105,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Parsed, Api
             "the request body must be a JSON object".to_owned(),
         ));
     };
-    check_model(&o, model)?;
+    check_model(&o, names)?;
     for name in UNSUPPORTED {
         match o.get(name) {
             None | Some(Value::Null) | Some(Value::Bool(false)) => {}
@@ -147,14 +152,19 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Parsed, Api
         ));
     }
     let top_p = number(&o, "top_p", 1.0)?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
+    // Sampled in f32: a value that rounds to 0 there is refused here.
+    if !(top_p > 0.0 && top_p <= 1.0 && top_p as f32 >= f32::MIN_POSITIVE) {
         return Err(ApiError::field(
             "top_p",
-            format!("`top_p` is {top_p}; give a number above 0 and at most 1"),
+            format!(
+                "`top_p` is {top_p}; give a number from {:e} to 1",
+                f32::MIN_POSITIVE
+            ),
         ));
     }
     let seed = match o.get("seed") {
-        None | Some(Value::Null) => 0,
+        // Each request without a seed samples its own way.
+        None | Some(Value::Null) => fresh_seed(),
         Some(v) => v
             .as_i64()
             .map(|s| s as u64)
@@ -183,14 +193,33 @@ pub fn parse(body: &[u8], endpoint: Endpoint, model: &str) -> Result<Parsed, Api
     })
 }
 
-fn check_model(o: &Map<String, Value>, model: &str) -> Result<(), ApiError> {
+/// A seed no other request of this process had: the process's random
+/// hasher keys and a count.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.finish()
+}
+
+fn check_model(o: &Map<String, Value>, names: Option<&[String]>) -> Result<(), ApiError> {
     match o.get("model") {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(name)) if name == model => Ok(()),
+        Some(Value::String(_)) if names.is_none() => Ok(()),
+        Some(Value::String(name)) if names.is_some_and(|n| n.contains(name)) => Ok(()),
         Some(Value::String(name)) => Err(ApiError {
             status: 404,
             message: format!(
-                "the model `{name}` does not exist here; this server serves `{model}`"
+                "the model `{name}` does not exist here; this server serves `{}` (also named {}; see GET /v1/models, or start it with --any-model-name)",
+                names.and_then(|n| n.first()).map_or("", String::as_str),
+                names
+                    .unwrap_or_default()
+                    .iter()
+                    .skip(1)
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             param: Some("model".to_owned()),
             code: Some("model_not_found"),

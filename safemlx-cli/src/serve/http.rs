@@ -35,8 +35,11 @@ pub struct Shared {
     pub stopped: tokio::sync::watch::Receiver<Option<String>>,
     /// The scheduler's queue.
     pub requests: Sender<Request>,
-    /// The served model's name.
-    pub model: String,
+    /// The names clients may give as `model`; the first names it in
+    /// responses.
+    pub models: Vec<String>,
+    /// `--any-model-name`: any `model` is taken.
+    pub any_model_name: bool,
     /// `--api-key`.
     pub api_key: Option<String>,
     /// Requests running or waiting at most (`--max-concurrent` plus
@@ -68,6 +71,20 @@ pub fn router(state: AppState, max_body: usize) -> Router {
         .fallback(|| async {
             ApiError::new(404, "no such endpoint; see GET /v1/models".to_owned())
         })
+        .method_not_allowed_fallback(|request: HttpRequest| async move {
+            let allowed = match request.uri().path() {
+                "/v1/models" | "/health" => "GET",
+                _ => "POST",
+            };
+            ApiError::new(
+                405,
+                format!(
+                    "{} is not allowed on {}; use {allowed}",
+                    request.method(),
+                    request.uri().path()
+                ),
+            )
+        })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
@@ -82,23 +99,40 @@ async fn auth(
         let given = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         if given != Some(key.as_str()) {
-            return ApiError::new(
+            let mut response = ApiError::new(
                 401,
                 "this server needs `Authorization: Bearer KEY` with the key it was started with (--api-key)"
                     .to_owned(),
             )
             .into_response();
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"safemlx\""),
+            );
+            return response;
         }
     }
     next.run(request).await
 }
 
+/// The token of an `Authorization` value: the scheme `Bearer` in any case
+/// (RFC 7235), then one or more spaces.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
 async fn models(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": state.model, "object": "model", "created": 0, "owned_by": "safemlx",
-    }]}))
+    let data: Vec<Value> = state
+        .models
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "safemlx"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn chat(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -133,7 +167,8 @@ async fn complete(
                 .into_response()
         }
     };
-    let parsed = match parse(&body, endpoint, &state.model) {
+    let names = (!state.any_model_name).then_some(state.models.as_slice());
+    let parsed = match parse(&body, endpoint, names) {
         Ok(parsed) => parsed,
         Err(e) => return e.into_response(),
     };
@@ -173,7 +208,7 @@ async fn complete(
             Endpoint::Completions => format!("cmpl-{id}"),
         },
         endpoint,
-        model: state.model.clone(),
+        model: state.models[0].clone(),
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -340,45 +375,4 @@ fn sse(
     axum::response::Sse::new(all)
         .keep_alive(KeepAlive::default())
         .into_response()
-}
-
-/// Serves `router` on `listener` until SIGINT or SIGTERM, which set
-/// `stop`: open requests end with a 503 at once, the scheduler ends its
-/// loop, and no new connection is taken.
-///
-/// # Errors
-/// The listener's or the runtime's error.
-pub async fn run(
-    listener: std::net::TcpListener,
-    router: Router,
-    stop: Arc<watch::Sender<Option<String>>>,
-) -> Result<(), String> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("cannot use the listener: {e}"))?;
-    let listener = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| format!("cannot use the listener: {e}"))?;
-    let signal = async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| eprintln!("safemlx serve: cannot watch SIGTERM: {e}"))
-            .ok();
-        let term = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let name = tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            () = term => "SIGTERM",
-        };
-        eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
-        stop.send_replace(Some(STOPPING.to_owned()));
-    };
-    axum::serve(listener, router)
-        .with_graceful_shutdown(signal)
-        .await
-        .map_err(|e| format!("the HTTP server failed: {e}"))
 }

@@ -11,6 +11,7 @@ mod batch;
 pub(crate) mod engine;
 mod held;
 mod http;
+mod listen;
 pub(crate) mod plan;
 pub(crate) mod request;
 mod stop;
@@ -41,10 +42,20 @@ pub struct ServeArgs {
     /// The port rank 0 listens on
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// The model's name for clients [default: the model's file or
-    /// directory name]
+    /// A name clients may give as `model`, repeatable (vLLM's spelling;
+    /// `--model-id` is the same); the first is the name in responses.
+    /// The file or directory name, its stem and `default_model` are
+    /// accepted too
+    #[arg(
+        long = "served-model-name",
+        visible_alias = "model-id",
+        value_name = "NAME"
+    )]
+    pub served_model_name: Vec<String>,
+    /// Accept any `model` in requests (as llama-server does; agent clients
+    /// send their own model ids) instead of a 404 for unknown names
     #[arg(long)]
-    pub model_id: Option<String>,
+    pub any_model_name: bool,
     /// Every request must send `Authorization: Bearer KEY` (401 otherwise)
     #[arg(long, env = "SAFEMLX_API_KEY", value_name = "KEY")]
     pub api_key: Option<String>,
@@ -69,6 +80,18 @@ pub struct ServeArgs {
     /// max_tokens for a request that gives none (cut to the context)
     #[arg(long, default_value_t = 512)]
     pub default_max_tokens: usize,
+    /// Seconds a connection has to send its request head (method, path,
+    /// headers); an idle or slow client is disconnected after it
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
+    pub header_timeout: f64,
+    /// Seconds a request body may pause between pieces (a streamed
+    /// response is not bound by it)
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub body_timeout: f64,
+    /// Client connections open at once; later ones wait to be accepted
+    /// [default: the descriptor limit (ulimit -n) less 128, at most 4096]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Drop an ended request's KV cache at once instead of keeping it for
     /// a later prompt that starts the same way (the next turn of a
     /// conversation, a shared system prompt)
@@ -80,9 +103,21 @@ pub struct ServeArgs {
 ///
 /// # Errors
 /// A bad option, the model's loading, the listener, or a fault of a peer.
-pub fn run(args: ServeArgs) -> Result<(), String> {
+pub fn run(args: ServeArgs) -> Result<(), crate::failure::Failure> {
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(crate::failure::Failure::Usage(
+            "--api-key (or SAFEMLX_API_KEY) is empty: every request would be refused; give a key, or leave both out for a server without one"
+                .to_owned(),
+        ));
+    }
+    let limits = listen::Limits {
+        header: Duration::from_secs_f64(args.header_timeout),
+        body_idle: Duration::from_secs_f64(args.body_timeout),
+        connections: listen::connection_cap(args.max_connections)
+            .map_err(crate::failure::Failure::Usage)?,
+    };
     let s = cpu_stream();
-    let group = init(false, args.model.backend()?).map_err(|e| e.to_string())?;
+    let group = init(false, args.model.backend()?)?;
     let bounds = Bounds {
         slots: usize::from(args.max_concurrent),
         chunk: usize::from(args.prefill_chunk),
@@ -107,7 +142,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // of more layers, a rank of more KV heads): one all_gather, every rank.
     let cache_bytes_per_token = most_over(&group, model.cache_bytes_per_token(), &s)?;
     let Some(listener) = listener else {
-        return engine::follow(model, bounds, (&group, link), &s);
+        return Ok(engine::follow(model, bounds, (&group, link), &s)?);
     };
     // Every rank has its part of the model before /health answers: the
     // followers' loop takes this empty plan first.
@@ -125,10 +160,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         cache_bytes_per_token,
         prompt_cache: !args.no_prompt_cache,
     };
-    let name = match &args.model_id {
-        Some(id) => id.clone(),
-        None => args.model.name()?,
-    };
+    let names = served_names(&args.served_model_name, &args.model.name()?);
+    let name = names[0].clone();
     let (requests, queue) = mpsc::channel();
     let (stop, stopped) = tokio::sync::watch::channel(None);
     let stop = Arc::new(stop);
@@ -142,7 +175,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let shared = Arc::new(http::Shared {
         stopped,
         requests,
-        model: name.clone(),
+        models: names,
+        any_model_name: args.any_model_name,
         api_key: args.api_key.clone(),
         limit: bounds.slots + args.max_queue,
         in_flight: AtomicUsize::new(0),
@@ -160,7 +194,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                     .enable_all()
                     .build()
                     .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
-                runtime.block_on(http::run(listener, router, stop))
+                runtime.block_on(listen::run(listener, router, stop, limits))
             })
             .map_err(|e| format!("cannot start the HTTP thread: {e}"))?
     };
@@ -196,7 +230,45 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 .map_err(|_| "the HTTP thread panicked".to_owned())??;
         }
     }
-    served
+    Ok(served?)
+}
+
+/// A number of seconds above 0 (and below a year).
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if seconds > 0.0 && seconds < 3.2e7 {
+        Ok(seconds)
+    } else {
+        Err(format!(
+            "{text} is not a number of seconds above 0 (and below a year)"
+        ))
+    }
+}
+
+/// The names clients may give as `model`: the `--served-model-name`s
+/// (the first one names the model in responses), else the file or
+/// directory name first; then that name, its stem (`model.gguf` ->
+/// `model`) and mlx_lm.server's `default_model`, each once.
+fn served_names(given: &[String], file: &str) -> Vec<String> {
+    let stem = std::path::Path::new(file)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned());
+    let mut names: Vec<String> = Vec::new();
+    let all = given
+        .iter()
+        .cloned()
+        .chain([file.to_owned()])
+        .chain(stem)
+        .chain(["default_model".to_owned()]);
+    for name in all {
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// The largest of every rank's `mine` (one `all_max` over `group`).
@@ -229,5 +301,26 @@ fn ignore_stop_signals() {
         if let Err(e) = unsafe { signal(stop, SigHandler::SigIgn) } {
             eprintln!("safemlx serve: cannot ignore {stop}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_names;
+
+    #[test]
+    fn a_model_is_known_by_each_of_its_names() {
+        assert_eq!(
+            served_names(&[], "SmolLM2-135M-Instruct.Q4_1.gguf"),
+            [
+                "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "SmolLM2-135M-Instruct.Q4_1",
+                "default_model"
+            ]
+        );
+        assert_eq!(
+            served_names(&["smol".into(), "gpt-4o".into()], "dir"),
+            ["smol", "gpt-4o", "dir", "default_model"]
+        );
     }
 }

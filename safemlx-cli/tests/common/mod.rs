@@ -62,6 +62,18 @@ impl Server {
 
     /// A server of `model` (a GGUF file or a Hugging Face directory).
     pub fn start_model(ranks: usize, model: &Path, args: &[&str], timeout: u32) -> Self {
+        Self::start_under(&[], ranks, model, args, timeout)
+    }
+
+    /// A server whose launcher runs under `wrapper` (`["prlimit",
+    /// "--nofile=256", "--"]`), or as it is when `wrapper` is empty.
+    pub fn start_under(
+        wrapper: &[&str],
+        ranks: usize,
+        model: &Path,
+        args: &[&str],
+        timeout: u32,
+    ) -> Self {
         let port = free_port();
         let exe = PathBuf::from(env!("CARGO_BIN_EXE_safemlx"));
         let launch = exe.with_file_name("safemlx-launch");
@@ -72,7 +84,15 @@ impl Server {
         );
         let log = std::env::temp_dir().join(format!("safemlx-serve-test-{port}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let launcher = Command::new(launch)
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(launch);
+                command
+            }
+            None => Command::new(launch),
+        };
+        let launcher = command
             .args(["-n", &ranks.to_string(), "--timeout", "600", "--"])
             .arg(exe)
             .args(["serve", "--port", &port.to_string(), "--model"])
