@@ -133,6 +133,18 @@ fn at_2_and_3_ranks(group: &Group) {
             moe(&[6, 2], &[48, 16]),
         );
     }
+    // 9:1 leaves rank 1 none of the 3 MXFP4 blocks of gpt-oss's hidden
+    // dimension (and no query head): its experts are dequantized instead
+    // of multiplied as an empty quantized matrix (a SIGFPE in MLX's CPU
+    // kernel before).
+    let held = Held {
+        heads: &[4, 0],
+        hidden: &[],
+        experts: &[],
+    };
+    check_case(group, "moe/gpt-oss", &[9, 1], ETP, held);
+    let model = load(group, &golden_dir("moe/gpt-oss"), &[9, 1], ETP).expect("loads");
+    assert!(!model.is_quantized(), "MXFP4 kept with an empty rank");
 }
 
 #[test]

@@ -134,13 +134,15 @@ fn read_packed(
 }
 
 /// Whether MXFP4 experts stay as stored: MLX multiplies that mode on
-/// `s`'s device and, under expert tensor parallelism, each of the `n`
-/// ranks gets a block of 32 of the hidden dimension `hidden`. The reason
-/// when not.
+/// `s`'s device and, under expert tensor parallelism, each rank gets a
+/// block of 32 of the hidden dimension `hidden` (`blocks`: each rank's
+/// count, as the even or weighted split gives them; a rank with none would
+/// multiply an empty quantized matrix, which MLX's CPU kernel answers with
+/// a division by zero). The reason when not.
 fn keep_mxfp4(
     placement: ExpertPlacement,
     hidden: usize,
-    n: usize,
+    blocks: &[usize],
     s: &Stream,
 ) -> std::result::Result<(), String> {
     if let Err(e) = mxfp4::supported(s) {
@@ -148,10 +150,17 @@ fn keep_mxfp4(
             "MLX does not multiply MXFP4 weights on this device ({e})"
         ));
     }
-    if placement == ExpertPlacement::ExpertTensorParallel && n > hidden / 32 {
+    let empty = blocks.iter().position(|&b| b == 0);
+    if let (ExpertPlacement::ExpertTensorParallel, Some(rank)) = (placement, empty) {
         return Err(format!(
-            "expert tensor parallel over {n} ranks splits the hidden dimension {hidden} by MXFP4's blocks of 32, and there are only {}",
-            hidden / 32
+            "expert tensor parallel over {} ranks splits the hidden dimension {hidden} by MXFP4's blocks of 32 ({} of them) and leaves rank {rank} none ({} blocks per rank)",
+            blocks.len(),
+            hidden / 32,
+            blocks
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" + ")
         ));
     }
     Ok(())
@@ -208,10 +217,10 @@ impl Moe {
         config.check(experts)?;
         let group = w.comm();
         let (h, e) = (hidden as i32, experts as i32);
-        let (rank, n) = (group.rank(), group.size());
+        let rank = group.rank();
         let mxfp4 = w
             .contains(&format!("{}_blocks", names.gate_up))
-            .then(|| keep_mxfp4(config.placement, hidden, n, s));
+            .then(|| keep_mxfp4(config.placement, hidden, &w.lengths(hidden / 32), s));
         let split = hidden_split(w, hidden, matches!(mxfp4, Some(Ok(()))));
         // Expert parallel: this rank's experts. Expert tensor parallel:
         // its hidden slice of every expert, whose gate and up rows are
