@@ -36,6 +36,9 @@ fn rank_pid(port: u16, rank: usize) -> i32 {
 #[test]
 fn a_stopped_pipeline_stage_ends_the_run_naming_it() {
     let mut server = Server::start_timeout(2, &["--mesh", "pp=2"], 5);
+    // Both cores kept busy from here on: CI once saw the healthy rank 0
+    // blamed when the launcher read the ranks' files late.
+    let _load = safemlx_dist::launch::Busy::cores(2);
     let port = server.port;
     let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true});
     let (mut client, lines) = open_stream(port, "/v1/completions", &body, &[]);
@@ -89,9 +92,21 @@ fn a_killed_rank_ends_the_open_stream_and_the_run() {
         .args(["-9", &rank1.to_string()])
         .status()
         .unwrap();
-    // The stream ends (no [DONE]) and the launcher ends the run, naming rank 1.
+    // The stream ends (no [DONE]) with an error naming rank 1, and the
+    // launcher ends the run, naming rank 1.
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(!rest.iter().any(|l| l == "data: [DONE]"));
+    let last = rest
+        .iter()
+        .rfind(|l| l.starts_with("data: "))
+        .map_or("", |e| e.trim_start_matches("data: "));
+    let event: Value = serde_json::from_str(last).unwrap_or_default();
+    assert_eq!(
+        event["error"]["message"],
+        "the server stopped: rank 1 failed (signal: 9 (SIGKILL))",
+        "{rest:?}\n{}",
+        server.output()
+    );
     let status = loop {
         if let Some(status) = server.launcher.try_wait().unwrap() {
             break status;

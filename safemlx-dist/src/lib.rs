@@ -61,8 +61,8 @@ pub use safemlx_dist_macros::sharded;
 pub use error::{AllToAllVError, Error, PeerRole, Result};
 pub use runtime::{
     all_gather, all_max, all_min, all_sum, all_to_all_v, collective_timeout, eval, init,
-    is_available, mesh_coords, on_timeout, recv, recv_like, send, sum_scatter, Backend,
-    CollectiveProfile, CollectiveTime, DeviceMesh, Group, Lowering, DEFAULT_TIMEOUT,
+    is_available, mesh_coords, on_timeout, recv, recv_like, send, stop_reason, sum_scatter,
+    Backend, CollectiveProfile, CollectiveTime, DeviceMesh, Group, Lowering, DEFAULT_TIMEOUT,
     JOIN_TIMEOUT_ENV, LOWERING_ENV, MIN_JOIN_TIMEOUT, PROGRESS_DIR_ENV, TIMEOUT_ENV, TIMEOUT_EXIT,
     TOKEN_ENV,
 };

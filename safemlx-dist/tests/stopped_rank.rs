@@ -1,7 +1,8 @@
 //! A rank stopped (SIGSTOP) in the middle of a real model's decode, or
 //! before it joins its group: the collective timeout ends the run even
 //! though the waiting ranks are blocked inside MLX's evaluation, and the
-//! launcher names the stopped rank, on ring and MPI.
+//! launcher names the stopped rank, on ring and MPI (mid-decode: with
+//! both cores kept busy by other processes).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -145,6 +146,9 @@ fn a_rank_stopped_mid_decode_ends_the_run_and_is_named() {
     if std::env::var(RANK_ENV).is_ok() {
         return decoding_rank();
     }
+    // Both cores kept busy: the launcher may read the ranks' files late,
+    // after the rank whose wait timed out has exited.
+    let _load = safemlx_dist::launch::Busy::cores(2);
     for backend in ["ring", "mpi"] {
         let mut victim = None;
         let mode = format!("decode-{backend}");

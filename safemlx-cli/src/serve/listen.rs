@@ -147,5 +147,10 @@ async fn stop_signal(stop: Arc<watch::Sender<Option<String>>>) {
         () = term => "SIGTERM",
     };
     eprintln!("safemlx serve: {name}: no new requests; ending the open ones");
-    stop.send_replace(Some(STOPPING.to_owned()));
+    // The launcher says why when a rank failed.
+    let why = safemlx_dist::stop_reason().map_or_else(
+        || STOPPING.to_owned(),
+        |reason| format!("the server stopped: {reason}"),
+    );
+    stop.send_replace(Some(why));
 }

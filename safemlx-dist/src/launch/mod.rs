@@ -14,6 +14,7 @@
 //! rank outlives the run.
 
 pub mod agent;
+mod busy;
 mod bytes_text;
 mod error;
 mod explain;
@@ -36,6 +37,7 @@ use std::time::Duration;
 
 pub use crate::runtime::LAUNCHER_ENV;
 use crate::runtime::{this_launcher, TOKEN_ENV};
+pub use busy::Busy;
 pub use error::LaunchError;
 pub use hostfile::{RingHosts, TempHostfile};
 pub use hosts::{parse_env, read_hostfile, Host, HostList, Hostfile, DEFAULT_STARTING_PORT};
@@ -270,10 +272,15 @@ impl Launch {
         // before SIGTERM), which may then move on.
         let mut snapshot = None;
         let mut frozen = false;
-        let mut watch = || {
+        let mut watch = |outcome: Option<&supervise::Outcome>| {
             if !frozen {
                 frozen = progress.any_timed_out(self.ranks);
                 snapshot = progress.diagnose(self.ranks);
+            }
+            // Before the ranks are signalled: why (a server tells its
+            // clients, see `runtime::stop_reason`).
+            if let Some(supervise::Outcome::Failed { label, status }) = outcome {
+                progress.tell_stopping(&format!("rank {label} failed ({status})"));
             }
         };
         let result = match plan {

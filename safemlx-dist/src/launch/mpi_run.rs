@@ -15,7 +15,7 @@ impl Launch {
         env: Vec<(OsString, OsString)>,
         remote: Option<&Remote>,
         interrupt: &AtomicUsize,
-        watch: &mut dyn FnMut(),
+        watch: &mut dyn FnMut(Option<&Outcome>),
     ) -> Result<LaunchReport, LaunchError> {
         let hosts = remote.map(|r| {
             let placement = r.list.placement(self.ranks);
@@ -96,12 +96,17 @@ impl Launch {
                     .collect()
             })
         });
+        // mpirun's label is not a rank, and mpirun stops the other ranks
+        // itself: no reason is given to them.
+        let mut watch = |outcome: Option<&Outcome>| {
+            watch(outcome.filter(|o| !matches!(o, Outcome::Failed { .. })));
+        };
         match supervise(
             vec![(0, command)],
             self.timeout,
             interrupt,
             relabel,
-            watch,
+            &mut watch,
             None,
         )? {
             Outcome::Success => Ok(LaunchReport {

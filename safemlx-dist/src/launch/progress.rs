@@ -130,6 +130,12 @@ impl ProgressDir {
         )
     }
 
+    /// Tells the ranks why the run is being stopped (`stopping`, read by
+    /// `runtime::stop_reason`).
+    pub(crate) fn tell_stopping(&self, reason: &str) {
+        let _ = std::fs::write(contract::stop_reason_path(&self.path), reason);
+    }
+
     /// Whether some rank's collective timed out (its file says `waits`).
     pub(crate) fn any_timed_out(&self, ranks: usize) -> bool {
         self.records(ranks).iter().flatten().any(|r| r.waits)

@@ -17,7 +17,7 @@ impl Launch {
         hosts: &RingHosts,
         env: Vec<(OsString, OsString)>,
         interrupt: &AtomicUsize,
-        watch: &mut dyn FnMut(),
+        watch: &mut dyn FnMut(Option<&Outcome>),
     ) -> Result<LaunchReport, LaunchError> {
         let file = hosts.write_temp()?;
         let commands = (0..self.ranks)
@@ -75,7 +75,7 @@ impl Launch {
         remote: &Remote,
         mut env: Vec<(OsString, OsString)>,
         interrupt: &AtomicUsize,
-        watch: &mut dyn FnMut(),
+        watch: &mut dyn FnMut(Option<&Outcome>),
     ) -> Result<LaunchReport, LaunchError> {
         // The progress directory is this machine's: remote ranks do not see it.
         env.retain(|(k, _)| k != crate::runtime::PROGRESS_DIR_ENV);

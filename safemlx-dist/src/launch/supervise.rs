@@ -148,8 +148,8 @@ fn signal_group(pid: u32, signal: &str) {
 /// piped output, and waits: for all to succeed, for the first failure (then
 /// the rest are stopped), for `timeout` (then all are stopped), or for a
 /// signal number to appear in `interrupt` (then all are stopped).
-/// `watch` runs at every poll and once more before any process is
-/// signalled. Without `heartbeat`, the first process (rank 0, or mpirun)
+/// `watch` runs at every poll (with `None`) and once more, with the
+/// outcome, before any process is signalled. Without `heartbeat`, the first process (rank 0, or mpirun)
 /// reads the launcher's stdin and the others none. With `heartbeat`, each
 /// process's stdin is a pipe that gets
 /// those bytes first, then a byte every
@@ -160,7 +160,7 @@ pub(crate) fn supervise(
     timeout: Option<Duration>,
     interrupt: &AtomicUsize,
     relabel: Relabel,
-    watch: &mut dyn FnMut(),
+    watch: &mut dyn FnMut(Option<&Outcome>),
     heartbeat: Option<&[u8]>,
 ) -> Result<Outcome, LaunchError> {
     let started = Instant::now();
@@ -218,7 +218,7 @@ pub(crate) fn supervise(
     }
 
     let outcome = loop {
-        watch();
+        watch(None);
         if !beats.is_empty() && last_beat.elapsed() >= super::agent::HEARTBEAT {
             last_beat = Instant::now();
             for beat in beats.iter_mut() {
@@ -265,9 +265,10 @@ pub(crate) fn supervise(
         }
         std::thread::sleep(POLL);
     };
-    // Once more before any signal: stopping a run can wake a stopped rank
-    // (mpirun sends SIGCONT first), which would then move on.
-    watch();
+    // Once more before any signal, with the outcome: stopping a run can
+    // wake a stopped rank (mpirun sends SIGCONT first), which would then
+    // move on; and the ranks may be told why they are stopped.
+    watch(Some(&outcome));
     drop(beats);
     stop(&mut running);
     for forwarder in forwarders {

@@ -13,6 +13,7 @@
 //! | rank -> launcher | its last collective, one [`Record`] rewritten in place | `rank-R` ([`record_path`]) |
 //! | rank -> launcher | its heartbeat, Unix milliseconds every [`HEARTBEAT`] | `alive-R` ([`heartbeat_path`]) |
 //! | rank -> launcher | a wait that timed out | exit status [`TIMEOUT_EXIT`] |
+//! | launcher -> rank | why the run is being stopped (`rank 1 failed (signal: 9 (SIGKILL))`), written before the ranks are signalled | `stopping` ([`stop_reason_path`]) |
 //!
 //! The rank's side (the progress records, the watchdog thread that writes
 //! the heartbeat and ends a wait past its timeout, the launcher watch) is
@@ -74,6 +75,11 @@ pub(crate) const SHM: &str = "/dev/shm";
 pub(crate) fn shm_dir_for(progress: &Path) -> Option<PathBuf> {
     let name = progress.file_name()?.to_str()?.strip_suffix("-progress")?;
     Some(Path::new(SHM).join(format!("{name}-shm-progress")))
+}
+
+/// Why the run is being stopped, in the progress directory `dir`.
+pub(crate) fn stop_reason_path(dir: &Path) -> PathBuf {
+    dir.join("stopping")
 }
 
 /// The progress record of `rank` in the progress directory `dir`.

@@ -121,6 +121,22 @@ fn leave(pid: u32) -> ! {
     super::native::exit_immediately(3)
 }
 
+/// Why the launcher is stopping this run, when it said (a rank failed:
+/// `rank 1 failed (signal: 9 (SIGKILL))`), for a rank to pass on before
+/// it ends (a server tells its open requests). Read when the stop signal
+/// arrives: the launcher writes it before it signals the ranks. `None`
+/// outside a launch, or when the launcher gave no reason (its own
+/// SIGTERM, its timeout, an MPI run, whose mpirun stops the ranks itself).
+pub fn stop_reason() -> Option<String> {
+    let dir = std::env::var_os(super::PROGRESS_DIR_ENV)?;
+    let text = std::fs::read_to_string(super::contract::stop_reason_path(std::path::Path::new(
+        &dir,
+    )))
+    .ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
 /// The files a killed launcher could not remove: its temporary hostfile
 /// and progress directory (named `safemlx-launch-*` in the temporary
 /// directory; nothing else is touched). Every rank tries; one succeeds.

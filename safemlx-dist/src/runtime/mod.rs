@@ -44,6 +44,7 @@ pub use gradient_sum::{is_tracing, sum_gradients};
 pub(crate) use gradient_sum::{sum_gradients_together, SharedSlots, Tracing};
 pub use group::Group;
 pub use join::init;
+pub use launcher_watch::stop_reason;
 pub(crate) use launcher_watch::this_launcher;
 pub use lowering::{Lowering, LOWERING_ENV};
 pub use mesh::{mesh_coords, DeviceMesh};
