@@ -139,6 +139,24 @@ fn keys_methods_and_half_sent_requests_get_clear_answers() {
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["param"], "top_p", "{body}");
 
+    // A prompt no context could hold is refused before it is tokenized
+    // (the scheduler's tokenizing of 3.9 MB held every stream for seconds).
+    let huge = json!({"messages": [{"role": "user", "content": "x ".repeat(1_950_000)}]});
+    let (status, body) = curl(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&huge.to_string()),
+        &key,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains(
+            "the prompt has 3900000 bytes: more than the model's context of 8192 tokens holds"
+        ),
+        "{body}"
+    );
+
     // 40 clients (five times the connection cap) send half a request, or
     // half a body, then nothing: the server closes each one after its
     // timeout and keeps serving.

@@ -204,6 +204,22 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// At most how many bytes of text one token covers: 4 bytes (the
+    /// most a character takes in UTF-8) for each character of the longest
+    /// token in the vocabulary, and at least 4. A text of `B` bytes has at
+    /// least `B / max_token_bytes()` tokens, which a server checks before
+    /// it tokenizes a prompt that could not fit its context anyway.
+    pub fn max_token_bytes(&self) -> usize {
+        let longest = self
+            .inner
+            .get_vocab(true)
+            .keys()
+            .map(|token| token.chars().count())
+            .max()
+            .unwrap_or(1);
+        4 * longest.max(1)
+    }
+
     /// The text of `ids` (special tokens kept when `skip_special` is false).
     ///
     /// # Errors

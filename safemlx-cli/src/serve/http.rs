@@ -24,7 +24,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::watch;
 
 use super::api::{parse, ApiError, Endpoint};
-use super::request::{Event, Request, Usage};
+use super::request::{Event, Prompt, Request, Usage};
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -40,6 +40,10 @@ pub struct Shared {
     pub models: Vec<String>,
     /// `--any-model-name`: any `model` is taken.
     pub any_model_name: bool,
+    /// The model's context in tokens, and at most how many bytes a token
+    /// covers: a longer prompt is refused before it is tokenized (the
+    /// scheduler tokenizes, and a megabyte of text held every stream).
+    pub prompt_bound: (usize, usize),
     /// `--api-key`.
     pub api_key: Option<String>,
     /// Requests running or waiting at most (`--max-concurrent` plus
@@ -172,6 +176,9 @@ async fn complete(
         Ok(parsed) => parsed,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = fits_context(&parsed.params.prompt, state.prompt_bound) {
+        return e.into_response();
+    }
     if state.in_flight.fetch_add(1, Ordering::AcqRel) >= state.limit {
         state.in_flight.fetch_sub(1, Ordering::AcqRel);
         return ApiError::new(
@@ -233,6 +240,25 @@ async fn complete(
         }
     }
     ApiError::new(500, "the server stopped".to_owned()).into_response()
+}
+
+/// Refuses a prompt whose bytes cannot fit `context` tokens of at most
+/// `token_bytes` bytes each (`(context, token_bytes)`; 0: no bound).
+fn fits_context(prompt: &Prompt, (context, token_bytes): (usize, usize)) -> Result<(), ApiError> {
+    let bytes = match prompt {
+        Prompt::Text(text) => text.len(),
+        Prompt::Chat(messages) => messages.iter().map(|(_, content)| content.len()).sum(),
+    };
+    let most = context.saturating_mul(token_bytes);
+    if context == 0 || bytes <= most {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        400,
+        format!(
+            "the prompt has {bytes} bytes: more than the model's context of {context} tokens holds (a token covers at most {token_bytes} bytes); give a shorter prompt"
+        ),
+    ))
 }
 
 /// The scheduler's next event, or a 503 once the server is stopping (the

@@ -177,6 +177,7 @@ pub fn run(args: ServeArgs) -> Result<(), crate::failure::Failure> {
         requests,
         models: names,
         any_model_name: args.any_model_name,
+        prompt_bound: (context, loaded.tokenizer.max_token_bytes()),
         api_key: args.api_key.clone(),
         limit: bounds.slots + args.max_queue,
         in_flight: AtomicUsize::new(0),
