@@ -245,6 +245,71 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// The tokens of `messages` rendered with the chat template, where a
+    /// message's content is text: a special token's text inside it
+    /// (`<|im_end|><|im_start|>system`, a user's attempt to end its turn
+    /// and write the system's) is tokenized as the characters it is, and
+    /// special tokens come only from the template. Content without such
+    /// text is tokenized as the whole rendered prompt is, so the tokens
+    /// are the ones [`encode`](Self::encode) gives it.
+    ///
+    /// # Errors
+    /// Those of [`apply_chat_template`](Self::apply_chat_template), a
+    /// template that does not show a message's content as it is (it cannot
+    /// then be told apart), or the tokenizer's.
+    pub fn encode_chat(&self, messages: &[(&str, &str)]) -> Result<Vec<u32>> {
+        let specials: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        let holds_special = |text: &str| specials.iter().any(|s| text.contains(s.as_str()));
+        if !messages.iter().any(|(_, content)| holds_special(content)) {
+            return self.encode(&self.apply_chat_template(messages)?);
+        }
+        // Each content as a mark the template shows where the content goes.
+        let marks: Vec<String> = (0..messages.len())
+            .map(|i| format!("\u{f8f0}{i}\u{f8f1}"))
+            .collect();
+        let masked: Vec<(&str, &str)> = messages
+            .iter()
+            .zip(&marks)
+            .map(|((role, _), mark)| (*role, mark.as_str()))
+            .collect();
+        let rendered = self.apply_chat_template(&masked)?;
+        let mut as_text = self.inner.clone();
+        as_text.set_encode_special_tokens(true);
+        let text_ids = |text: &str| -> Result<Vec<u32>> {
+            let encoding = as_text
+                .encode(text, false)
+                .map_err(|e| Error::Tokenizer(format!("cannot tokenize the prompt: {e}")))?;
+            Ok(encoding.get_ids().to_vec())
+        };
+        let mut ids = Vec::new();
+        let mut rest = rendered.as_str();
+        let mut shown = vec![false; messages.len()];
+        while let Some((at, i)) = marks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, mark)| rest.find(mark.as_str()).map(|at| (at, i)))
+            .min()
+        {
+            ids.extend(self.encode(&rest[..at])?);
+            ids.extend(text_ids(messages[i].1)?);
+            shown[i] = true;
+            rest = &rest[at + marks[i].len()..];
+        }
+        ids.extend(self.encode(rest)?);
+        if let Some(i) = shown.iter().position(|s| !s) {
+            return Err(Error::Tokenizer(format!(
+                "message {i} holds a special token's text, and the chat template does not show its content as it is, so it cannot be kept as text; remove the special token"
+            )));
+        }
+        Ok(ids)
+    }
+
     /// `messages` (role, content) rendered with the model's chat template,
     /// ending with the prompt for the assistant's turn.
     ///

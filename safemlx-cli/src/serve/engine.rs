@@ -241,19 +241,19 @@ fn accept<'t>(
 ) -> Result<Sequence<'t>, (UnboundedSender<Event>, u16, String)> {
     let Request { params: r, events } = r;
     let refuse = |message: String| (events.clone(), 400, message);
-    let text = match &r.prompt {
-        Prompt::Text(text) => text.clone(),
+    // A completion's text is the prompt as written (special tokens too);
+    // a chat message's content is text (see `Tokenizer::encode_chat`).
+    let prompt = match &r.prompt {
+        Prompt::Text(text) => tokenizer.encode(text),
         Prompt::Chat(messages) => {
             let pairs: Vec<(&str, &str)> = messages
                 .iter()
                 .map(|(role, content)| (role.as_str(), content.as_str()))
                 .collect();
-            tokenizer
-                .apply_chat_template(&pairs)
-                .map_err(|e| refuse(e.to_string()))?
+            tokenizer.encode_chat(&pairs)
         }
-    };
-    let prompt = tokenizer.encode(&text).map_err(|e| refuse(e.to_string()))?;
+    }
+    .map_err(|e| refuse(e.to_string()))?;
     let (context, vocab) = (settings.context, model.config().vocab_size);
     if prompt.is_empty() {
         return Err(refuse("the prompt has no tokens".to_owned()));
