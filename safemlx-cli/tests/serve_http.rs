@@ -126,6 +126,38 @@ fn keys_methods_and_half_sent_requests_get_clear_answers() {
         body["error"]["message"],
         "GET is not allowed on /v1/chat/completions; use POST"
     );
+    // Malformed HTTP: OpenAI's error body too (hyper's own 400 had none).
+    for (request, status, message) in [
+        (&b"GARBAGE\r\n\r\n"[..], 400, "malformed HTTP request: "),
+        (
+            &b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"[..],
+            400,
+            "malformed HTTP request: Content-Length is \"abc\", not a number of bytes",
+        ),
+    ] {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connects");
+        stream.write_all(request).expect("writes");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("a read timeout");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("an answer, then the end");
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{answer}"
+        );
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let body: Value = serde_json::from_str(body).expect("a JSON error body");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(message),
+            "{body}"
+        );
+    }
     // top_p that is 0 in float32.
     let tiny = json!({"messages": [{"role": "user", "content": "Hi"}], "top_p": 1e-300});
     let (status, body) = curl(

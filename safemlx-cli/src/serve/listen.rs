@@ -22,6 +22,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 
+use super::first_head::{self, FirstHead};
 use super::http::STOPPING;
 
 /// The connection limits (`safemlx serve`'s flags).
@@ -113,10 +114,14 @@ pub async fn run(
             .clone()
             .map_request(|request: hyper::Request<Incoming>| request.map(axum::body::Body::new));
         let service = TowerToHyperService::new(service);
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let _ = connection.await;
+            // The first head checked here: a malformed one gets OpenAI's
+            // error body (hyper's own 400 has none).
+            if let FirstHead::Parsed(stream) = first_head::read(stream, limits.header).await {
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                let _ = watcher.watch(connection).await;
+            }
             drop(permit);
         });
     }

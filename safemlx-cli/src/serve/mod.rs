@@ -9,6 +9,7 @@
 mod api;
 mod batch;
 pub(crate) mod engine;
+mod first_head;
 mod held;
 mod http;
 mod listen;
