@@ -51,9 +51,11 @@ fn launcher_killed(test: &str, backend: &str, signal: nix::sys::signal::Signal) 
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("safemlx-launch runs");
-    let lines = std::io::BufReader::new(launcher.stdout.take().expect("stdout"));
+    // Kept open to the end: a launcher whose stdout closes ends the run
+    // by itself (with SIGPIPE's status), which is not what this tests.
+    let mut lines = std::io::BufReader::new(launcher.stdout.take().expect("stdout")).lines();
     let pids: Vec<u32> = lines
-        .lines()
+        .by_ref()
         .map_while(Result::ok)
         .filter_map(|l| {
             let rest = l.split("] pid ").nth(1)?;
@@ -104,6 +106,7 @@ fn launcher_killed(test: &str, backend: &str, signal: nix::sys::signal::Signal) 
         Vec::<String>::new(),
         "{backend}: {signal} left files"
     );
+    drop(lines);
 }
 
 /// Every process below `pid`, from `/proc`.

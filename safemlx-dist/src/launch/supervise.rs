@@ -112,29 +112,6 @@ fn stdout_hung_up() -> bool {
             .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
 }
 
-/// Makes the child end (SIGKILL) when this launcher dies, from its first
-/// instant: a launcher killed while it starts its ranks leaves none behind
-/// (a rank's own watch of the launcher starts only when it joins). The
-/// parent's pid is checked after the request, since a launcher that died
-/// between the fork and it would send no signal. For mpirun, its ranks
-/// then see their launcher gone through `SAFEMLX_DIST_LAUNCHER`.
-fn end_with_launcher(command: &mut Command) {
-    let launcher = nix::unistd::getpid();
-    // SAFETY: between fork and exec only async-signal-safe calls are made:
-    // prctl, getppid and _exit, none of which allocates or locks.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != launcher.as_raw() {
-                libc::_exit(3);
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Sends `signal` to the process group led by `pid` (each child leads its own).
 fn signal_group(pid: u32, signal: &str) {
     let _ = Command::new("kill")
@@ -178,7 +155,6 @@ pub(crate) fn supervise(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        end_with_launcher(&mut command);
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(error) => {
