@@ -252,12 +252,13 @@ fn positive_seconds(text: &str) -> Result<f64, String> {
 
 /// The names clients may give as `model`: the `--served-model-name`s
 /// (the first one names the model in responses), else the file or
-/// directory name first; then that name, its stem (`model.gguf` ->
-/// `model`) and mlx_lm.server's `default_model`, each once.
+/// directory name first; then that name, a GGUF file's stem
+/// (`model.gguf` -> `model`) and mlx_lm.server's `default_model`, each
+/// once.
 fn served_names(given: &[String], file: &str) -> Vec<String> {
-    let stem = std::path::Path::new(file)
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned());
+    // A file's stem (`model.gguf` -> `model`); a directory's name can
+    // hold dots of its own (`Qwen3-0.6B`).
+    let stem = file.strip_suffix(".gguf").map(str::to_owned);
     let mut names: Vec<String> = Vec::new();
     let all = given
         .iter()
@@ -321,8 +322,8 @@ mod tests {
             ]
         );
         assert_eq!(
-            served_names(&["smol".into(), "gpt-4o".into()], "dir"),
-            ["smol", "gpt-4o", "dir", "default_model"]
+            served_names(&["smol".into(), "gpt-4o".into()], "Qwen3-0.6B"),
+            ["smol", "gpt-4o", "Qwen3-0.6B", "default_model"]
         );
     }
 }
