@@ -1,6 +1,7 @@
 //! `safemlx generate` and `safemlx chat` on SmolLM2, alone, as 2 ranks
 //! under `safemlx-launch` (whose stdin reaches rank 0) and as 2 pipeline
-//! stages (`--mesh pp=2`); bad options name the flag.
+//! stages (`--mesh pp=2`), the split runs with `--check` against one
+//! process; bad options name the flag.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -61,8 +62,22 @@ fn generate_and_a_two_turn_chat_answer_alone_on_two_ranks_and_two_stages() {
             "12",
         ];
         args.extend(layout);
+        if ranks > 1 {
+            // The split run against one process, as the example does.
+            args.push("--check");
+        }
         let out = safemlx(ranks, &args, "");
         assert!(out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("safemlx: prompt "), "{}", text(&out));
+        if ranks > 1 {
+            let checker = if layout.is_empty() { 0 } else { 1 };
+            for line in [
+                format!("rank {checker}/2: --check against one process ("),
+                "(bound 1e-4 for float32); greedy tokens agree".to_owned(),
+            ] {
+                assert!(text(&out).contains(&line), "no `{line}`:\n{}", text(&out));
+            }
+        }
         assert!(
             text(&out).contains("The capital of France is Paris."),
             "{}",
