@@ -57,7 +57,7 @@ fn launcher() -> PathBuf {
 /// (started there for `ranks` ranks on `backend`) on `hosts`.
 fn launch(net: &Network, test: &str, ranks: usize, backend: Backend, hosts: &str) -> Command {
     let ssh = format!("ssh -F {}", net.ssh_config().display());
-    launch_with_ssh(net, (test, ranks, backend, hosts), &ssh)
+    launch_with_ssh(net, (test, ranks, backend, hosts), &ssh, &[])
 }
 
 /// [`launch`] with `ssh` as the launcher's `--ssh` command.
@@ -65,6 +65,7 @@ fn launch_with_ssh(
     net: &Network,
     (test, ranks, backend, hosts): (&str, usize, Backend, &str),
     ssh: &str,
+    env: &[&str],
 ) -> Command {
     let mut command = net.command(0, launcher());
     command
@@ -73,7 +74,11 @@ fn launch_with_ssh(
         .args(["--ssh", ssh])
         .args(["--starting-port", "40100", "--timeout", "120"])
         .arg("--env")
-        .arg(format!("{RANK_OF_ENV}={test}#{ranks}#{backend}"))
+        .arg(format!("{RANK_OF_ENV}={test}#{ranks}#{backend}"));
+    for setting in env {
+        command.args(["--env", setting]);
+    }
+    command
         .arg("--")
         .arg(std::env::current_exe().expect("test binary"))
         .args([
@@ -287,16 +292,24 @@ fn delay_and_loss_leave_results_exact() {
     // behind, and the launcher's ssh keepalive (lost after 3 s of silence)
     // then most likely ended a run whose ranks had all finished (seen once
     // in CI: "lost the ssh connection ... ssh exit status: 255"). On this link the
-    // user's ssh options allow 20 s, as a user's would on a lossy network.
+    // user's ssh options allow 20 s, as a user's would on a lossy network,
+    // and so does each agent's wait for the launcher's next byte (5 s ran
+    // out once with two more processes spinning beside the test).
     let ssh = format!(
         "ssh -F {} -o ServerAliveCountMax=20",
         net.ssh_config().display()
     );
+    let silence = format!("{}=20", safemlx_dist::launch::agent::SILENCE_ENV);
     let started = Instant::now();
     for test in ["rank_every_collective", "rank_tensor_parallel_model"] {
-        let out = launch_with_ssh(&net, (test, 4, Backend::Ring, &net.hosts()), &ssh)
-            .output()
-            .unwrap();
+        let out = launch_with_ssh(
+            &net,
+            (test, 4, Backend::Ring, &net.hosts()),
+            &ssh,
+            &[&silence],
+        )
+        .output()
+        .unwrap();
         assert!(
             out.status.success(),
             "{test} with {}:\n{}",

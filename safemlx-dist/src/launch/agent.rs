@@ -29,8 +29,21 @@ pub const RING_HOSTS_ENV: &str = "SAFEMLX_LAUNCH_RING_HOSTS";
 /// How often the launcher writes to each agent.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How long an agent waits for the launcher's next byte before it stops
-/// its rank.
+/// its rank, unless [`SILENCE_ENV`] says otherwise.
 pub const SILENCE: Duration = Duration::from_secs(5);
+/// Seconds an agent waits for the launcher's next byte (default 5): more
+/// on a lossy network, as ssh's `ServerAliveCountMax` (give it with
+/// `safemlx-launch --env`, which reaches the agent's environment).
+pub const SILENCE_ENV: &str = "SAFEMLX_LAUNCH_AGENT_SILENCE";
+
+/// [`SILENCE`], or [`SILENCE_ENV`]'s positive number of seconds.
+fn silence() -> Duration {
+    std::env::var(SILENCE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 3.2e7)
+        .map_or(SILENCE, Duration::from_secs_f64)
+}
 const POLL: Duration = Duration::from_millis(20);
 const GRACE: Duration = Duration::from_secs(2);
 
@@ -165,7 +178,8 @@ fn supervise_rank(
             closed.store(true, Ordering::Relaxed);
         });
     }
-    let secret = match preamble.recv_timeout(SILENCE) {
+    let silence = silence();
+    let secret = match preamble.recv_timeout(silence) {
         Ok(line) => secret_from(&line),
         Err(_) => {
             say(host, "the launcher sent nothing; not starting the rank");
@@ -213,10 +227,10 @@ fn supervise_rank(
         let quiet = started
             .elapsed()
             .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-        if quiet >= SILENCE {
+        if quiet >= silence {
             break format!(
                 "nothing from the launcher for {} s (the network to it is down?)",
-                SILENCE.as_secs()
+                silence.as_secs_f64()
             );
         }
         std::thread::sleep(POLL);
