@@ -19,13 +19,14 @@
 //! also looks rows up ([`LinearWeight::lookup`]): the vocabulary table of
 //! an embedding, whose lookup is each rank's share, `Partial`.
 
-use safemlx::{Array, Stream};
+use safemlx::{Array, Dtype, Stream};
 
 use super::collective::Collective;
 use super::ops::{NoRule, Operand};
 use super::placement::{split_part, Partial, Placement, Ragged, Replicated, Sharded};
 use super::quantized::{QuantizedArray, QuantizedPlacement};
 use super::sharded::ShardedArray;
+use super::wide_sum::wide_partial;
 use crate::error::{Error, Result};
 use crate::runtime::Group;
 
@@ -172,10 +173,25 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
     where
         P: LinearRule<W>,
     {
-        match w {
-            LinearWeight::Float(w) => P::float(self, w, s),
-            LinearWeight::Quantized(w) => P::quantized(self, w, s),
-        }
+        let Some(narrow) = wide_partial::<<P as LinearRule<W>>::Output, C>(self) else {
+            return match w {
+                LinearWeight::Float(w) => P::float(self, w, s),
+                LinearWeight::Quantized(w) => P::quantized(self, w, s),
+            };
+        };
+        // Partial products of 16-bit operands, in float32 until their sum
+        // (see `wide_partial`).
+        let x = self.map(self.local().as_dtype(Dtype::Float32, s)?);
+        let product = match w {
+            LinearWeight::Float(w) => {
+                P::float(&x, &w.map(w.local().as_dtype(Dtype::Float32, s)?), s)?
+            }
+            LinearWeight::Quantized(w) => P::quantized(&x, w, s)?,
+        };
+        // Float32 on every rank, an empty part's zeros too: the ranks
+        // sum the same dtype.
+        let local = product.local().as_dtype(Dtype::Float32, s)?;
+        Ok(product.map(local).with_rounds_to(Some(narrow)))
     }
 }
 

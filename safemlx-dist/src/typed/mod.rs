@@ -22,6 +22,7 @@ mod shard_map;
 mod sharded;
 mod stage_link;
 pub(crate) mod weights;
+mod wide_sum;
 
 pub use axis::{Axis, AxisName, Dp, Ep, Pp, SameAxis, Tp};
 pub use collective::Collective;
@@ -48,3 +49,4 @@ pub use shard_map::{partial_map, shard_map};
 pub use sharded::ShardedArray;
 pub use stage_link::{StageLink, StageMessage};
 pub use weights::{check_weight_dims, gather_weight, shard_weight, Dim, Dims, FieldLayout};
+pub(crate) use wide_sum::wide_sum_of;

@@ -21,6 +21,8 @@
 //! | `sum_all` | `Replicated` | | `Replicated` scalar |
 //! | `sum_all` | `Sharded<A>`, `Ragged`, `Partial` | | `Partial` scalar |
 
+use std::any::TypeId;
+
 use safemlx::{Array, Stream};
 
 use super::placement::{Nonlinear, Partial, Placement, Ragged, Replicated, Sharded};
@@ -210,7 +212,13 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let split = (Q::AXIS.is_some() && Q::AXIS == P::AXIS)
             .then(|| self.split().cloned())
             .flatten();
-        ShardedArray::new_unchecked(local, self.comm().clone(), global).with_split(split)
+        // A wide partial sum stays one through linear ops on it.
+        let rounds_to = (TypeId::of::<Q>() == TypeId::of::<P>())
+            .then(|| self.rounds_to())
+            .flatten();
+        ShardedArray::new_unchecked(local, self.comm().clone(), global)
+            .with_split(split)
+            .with_rounds_to(rounds_to)
     }
 
     pub(super) fn map(&self, local: Array) -> ShardedArray<P, C> {
@@ -302,7 +310,10 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let other = other.sharded();
         self.check_same_shape(other, "add")?;
         self.check_same_split(other, "add")?;
-        Ok(self.map(self.local().add(other.local(), s)?))
+        let rounds_to = self.rounds_to().or(other.rounds_to());
+        Ok(self
+            .map(self.local().add(other.local(), s)?)
+            .with_rounds_to(rounds_to))
     }
 
     /// Element-wise difference of two arrays of the same placement and shape.
@@ -313,7 +324,10 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
         let other = other.sharded();
         self.check_same_shape(other, "sub")?;
         self.check_same_split(other, "sub")?;
-        Ok(self.map(self.local().subtract(other.local(), s)?))
+        let rounds_to = self.rounds_to().or(other.rounds_to());
+        Ok(self
+            .map(self.local().subtract(other.local(), s)?)
+            .with_rounds_to(rounds_to))
     }
 
     /// Element-wise product (see the table above for placements).

@@ -13,6 +13,7 @@ use safemlx::{Array, Stream};
 
 use super::placement::{chunk, Partial, Placement, Ragged, Replicated, Sharded};
 use super::sharded::{local_shape, ShardedArray};
+use super::wide_sum::rounded;
 use super::Collective;
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
@@ -82,7 +83,7 @@ impl RedistributeTo<Replicated> for Partial {
         x: ShardedArray<Self, C>,
         s: &Stream,
     ) -> Result<ShardedArray<Replicated, C>> {
-        let local = x.comm().all_sum(x.local(), s)?;
+        let local = rounded(&x, x.comm().all_sum(x.local(), s)?, s)?;
         Ok(rewrap(x, local))
     }
 }
@@ -96,6 +97,7 @@ impl<const A: usize> RedistributeTo<Sharded<A>> for Partial {
         local_shape::<Sharded<A>>(x.global_shape(), 0, 1)?;
         let lengths = x.axis_lengths(A);
         let local = x.comm().sum_scatter(x.local(), A, &lengths, s)?;
+        let local = rounded(&x, local, s)?;
         Ok(rewrap(x, local))
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use safemlx::Array;
+use safemlx::{Array, Dtype};
 
 use super::placement::{chunk, Placement};
 use super::Collective;
@@ -40,6 +40,9 @@ pub struct ShardedArray<P: Placement, C: Collective = Group> {
     /// When this rank's part is one of several identical copies (see
     /// [`copy_of`](Self::copy_of)).
     copies: Option<Arc<Copies>>,
+    /// For a `Partial` sum kept in float32 (see `wide_sum`): the dtype
+    /// its reduced sum is rounded to.
+    rounds_to: Option<Dtype>,
     _placement: PhantomData<P>,
 }
 
@@ -65,6 +68,7 @@ impl<P: Placement, C: Collective> Clone for ShardedArray<P, C> {
             summed: Arc::clone(&self.summed),
             split: self.split.clone(),
             copies: self.copies.clone(),
+            rounds_to: self.rounds_to,
             _placement: PhantomData,
         }
     }
@@ -216,8 +220,20 @@ impl<P: Placement, C: Collective> ShardedArray<P, C> {
             summed: Arc::new(Mutex::new(None)),
             split: None,
             copies: None,
+            rounds_to: None,
             _placement: PhantomData,
         }
+    }
+
+    /// The dtype a wide partial sum is rounded to once reduced.
+    pub(crate) fn rounds_to(&self) -> Option<Dtype> {
+        self.rounds_to
+    }
+
+    /// The same array, rounded to `dtype` once it is reduced.
+    pub(crate) fn with_rounds_to(mut self, dtype: Option<Dtype>) -> Self {
+        self.rounds_to = dtype;
+        self
     }
 
     /// The same array with every rank's lengths along the sharded axis

@@ -10,7 +10,7 @@ use super::routing::{arange, int_array, silu, take_rows, Routing};
 use super::{Moe, MoeOutput};
 use crate::error::{Error, Result};
 use crate::runtime::slice_axis;
-use crate::typed::{partial_map, Ragged, Replicated, RoutingPlan, ShardedArray};
+use crate::typed::{partial_map, wide_sum_of, Ragged, Replicated, RoutingPlan, ShardedArray};
 
 impl Moe {
     /// The hidden values of the gate and up projections' outputs, by the
@@ -282,6 +282,13 @@ impl Moe {
         let zeros = |count: usize| ops::zeros_dtype(&[count as i32, d], x.dtype(), s);
         let per_row =
             ops::concatenate_axis(&[zeros(before)?, computed, zeros(m - before - mine)?], 0, s)?;
+        // A share of 16-bit outputs is combined in float32 and rounded
+        // after the ranks' sum, as one process rounds the whole (see
+        // `wide_sum_of`).
+        let per_row = match wide_sum_of(x.dtype(), n) {
+            Some(_) => per_row.as_dtype(Dtype::Float32, s)?,
+            None => per_row,
+        };
         Ok((self.combine(&routing, &per_row, t, s)?, m, stats))
     }
 
@@ -336,7 +343,8 @@ impl Moe {
                 Ok(routed)
             },
             s,
-        )?;
+        )?
+        .with_rounds_to(wide_sum_of(x.local().dtype(), n));
         if let Some(shared) = &self.shared {
             let y = shared.mlp.forward_partial(x, s)?;
             let y = match &shared.gate {

@@ -1,0 +1,86 @@
+//! `safemlx generate --check` on the formats people download, split over
+//! ranks: a bfloat16 checkpoint (the tiny DeepSeek-V3 of the goldens,
+//! latent attention and a shared expert, copied to bfloat16) in both
+//! expert placements. The check states the
+//! dtype's bound and passes: the logits stay within it of one process and
+//! the greedy tokens agree (or part only at a near-tie of one process).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use safemlx::{Device, DeviceType, Dtype, Stream};
+use safemlx_dist::checkpoint::HfDirectory;
+
+/// The golden DeepSeek-V3 with every float32 tensor stored as bfloat16.
+fn bfloat16_copy() -> PathBuf {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/moe/deepseek-v3");
+    let dir = std::env::temp_dir().join(format!("safemlx-check-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = Stream::new_with_device(&Device::new(DeviceType::Cpu, 0));
+    let source = HfDirectory::open(&golden).expect("opens");
+    let tensors: Vec<_> = source
+        .names()
+        .map(|name| {
+            let array = source.read(name, &s).expect("reads");
+            (
+                name.to_owned(),
+                array.as_dtype(Dtype::Bfloat16, &s).unwrap(),
+            )
+        })
+        .collect();
+    safemlx_dist::checkpoint::save(dir.join("model.safetensors"), &tensors, &s).unwrap();
+    for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(golden.join(file), dir.join(file)).unwrap();
+    }
+    dir
+}
+
+/// `safemlx-launch -n RANKS -- safemlx generate --model DIR ARGS --check`:
+/// its output, after checking it succeeded and printed the check's line
+/// with `bound`.
+fn check(dir: &Path, ranks: &str, args: &[&str], bound: &str) -> String {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_safemlx"));
+    let out = Command::new(exe.with_file_name("safemlx-launch"))
+        .args(["-n", ranks, "--timeout", "300", "--"])
+        .arg(&exe)
+        .args(["generate", "--model"])
+        .arg(dir)
+        .args([
+            "--prompt",
+            "The capital of France is",
+            "--raw",
+            "--max-tokens",
+            "8",
+        ])
+        .args(["--weights", "as-stored", "--check"])
+        .args(args)
+        .output()
+        .expect("safemlx-launch");
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let what = format!("{ranks} ranks, {args:?}");
+    assert!(out.status.success(), "{what}: {all}");
+    assert!(
+        all.contains(" --check against one process ("),
+        "{what}: {all}"
+    );
+    assert!(
+        all.contains(&format!("({bound}); greedy tokens agree")),
+        "{what}: {all}"
+    );
+    all
+}
+
+#[test]
+fn generate_check_on_bfloat16_passes_at_two_and_four_ranks_with_its_bound() {
+    let dir = bfloat16_copy();
+    for (ranks, experts) in [("2", "parallel"), ("4", "tensor-parallel")] {
+        check(
+            &dir,
+            ranks,
+            &["--experts", experts],
+            "bound 5e-2 for bfloat16",
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
