@@ -1,7 +1,9 @@
 //! `safemlx generate --check` on the formats people download, split over
 //! ranks: a bfloat16 checkpoint (the tiny DeepSeek-V3 of the goldens,
-//! latent attention and a shared expert, copied to bfloat16) in both
-//! expert placements. The check states the
+//! latent attention and a shared expert, copied to bfloat16) and
+//! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
+//! stored: the experts stay quantized), in both expert placements, as
+//! pipeline stages and with a weighted split. The check states the
 //! dtype's bound and passes: the logits stay within it of one process and
 //! the greedy tokens agree (or part only at a near-tie of one process).
 
@@ -83,4 +85,34 @@ fn generate_check_on_bfloat16_passes_at_two_and_four_ranks_with_its_bound() {
         );
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn generate_check_on_mlx_community_moe_passes_split_every_way() {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/mlx-community");
+    let float32 = "bound 1e-4 for float32";
+    let qwen3 = golden.join("qwen3-moe-4bit");
+    for (ranks, args) in [
+        ("2", &["--experts", "parallel"][..]),
+        ("4", &["--experts", "tensor-parallel"]),
+        ("2", &["--mesh", "pp=2"]),
+        ("4", &["--mesh", "pp=2,tp=2"]),
+    ] {
+        let out = check(&qwen3, ranks, args, float32);
+        if args[1] == "parallel" {
+            assert!(
+                out.contains(
+                    "keeping the 4-bit affine (groups of 64) experts of 2 layers as stored"
+                ),
+                "{out}"
+            );
+        }
+    }
+    let mixtral = golden.join("mixtral-8bit");
+    let args = ["--experts", "tensor-parallel", "--tensor-split", "3:1"];
+    let out = check(&mixtral, "2", &args, float32);
+    assert!(
+        out.contains("keeping the 8-bit affine (groups of 32) experts of 2 layers as stored"),
+        "{out}"
+    );
 }

@@ -69,8 +69,8 @@ macro_rules! affine_tensor_source {
             fn shape(&self, name: &str) -> $crate::error::Result<Vec<i32>> {
                 let shape = self.stored_shape(name)?;
                 match self.affine(name) {
-                    // Not 2-D: reading it is a clear error.
-                    Some(affine) if shape.len() == 2 => affine.shape(self),
+                    // Stacked ([E, out, in]) ones read only packed.
+                    Some(affine) if shape.len() >= 2 => affine.shape(self),
                     _ => Ok(shape),
                 }
             }
@@ -153,6 +153,15 @@ macro_rules! affine_tensor_source {
             ) -> $crate::error::Result<$crate::affine::AffineWeight> {
                 self.affine_to_read(name)?.groups(self, ranges, s)
             }
+            fn read_packed_along(
+                &self,
+                name: &str,
+                axis: usize,
+                ranges: &[(usize, usize)],
+                s: &safemlx::Stream,
+            ) -> $crate::error::Result<[safemlx::Array; 3]> {
+                self.affine_to_read(name)?.along(self, axis, ranges, s)
+            }
         }
     };
 }
@@ -172,23 +181,61 @@ pub(super) struct Affine {
 }
 
 impl Affine {
-    /// The logical (float) shape `[out, groups * group_size]`, from the
-    /// scales.
+    /// The logical (float) shape `[.., out, groups * group_size]`, from
+    /// the scales.
     pub fn shape(&self, source: &dyn Stored) -> Result<Vec<i32>> {
-        let groups = source.stored_shape(&self.scales)?;
-        match groups.as_slice() {
-            &[rows, groups] => {
+        let mut shape = source.stored_shape(&self.scales)?;
+        match shape.as_mut_slice() {
+            [_, .., groups] => {
                 let size = i32::try_from(self.group_size).unwrap_or(i32::MAX);
-                Ok(vec![rows, groups.saturating_mul(size)])
+                *groups = groups.saturating_mul(size);
+                Ok(shape)
             }
             other => Err(Error::Checkpoint {
                 path: source.location().display().to_string(),
                 message: format!(
-                    "quantized weight `{}`: its scales `{}` have shape {other:?}, not [rows, groups]",
+                    "quantized weight `{}`: its scales `{}` have shape {other:?}, not [.., rows, groups]",
                     self.weight, self.scales
                 ),
             }),
         }
+    }
+
+    /// Ranges along `axis` of a quantized tensor of any rank, kept packed:
+    /// values, scales and biases. Along the last axis the ranges are in
+    /// values, whole groups.
+    pub fn along(
+        &self,
+        source: &dyn Stored,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        let last = source.stored_shape(&self.scales)?.len().saturating_sub(1);
+        let (g, words) = (self.group_size, self.group_size * self.bits / 32);
+        let (values, groups): (Vec<_>, Vec<_>) = if axis < last {
+            (ranges.to_vec(), ranges.to_vec())
+        } else if let Some(&(first, count)) = ranges.iter().find(|(f, c)| f % g != 0 || c % g != 0)
+        {
+            return Err(Error::Checkpoint {
+                path: source.location().display().to_string(),
+                message: format!(
+                    "quantized weight `{}`: values {first}..{} along its last axis are not whole groups of {g}",
+                    self.weight,
+                    first + count
+                ),
+            });
+        } else {
+            ranges
+                .iter()
+                .map(|&(f, c)| ((f / g * words, c / g * words), (f / g, c / g)))
+                .unzip()
+        };
+        Ok([
+            source.stored_along(&self.weight, axis, &values, s)?,
+            source.stored_along(&self.scales, axis, &groups, s)?,
+            source.stored_along(&self.biases, axis, &groups, s)?,
+        ])
     }
 
     /// Rows `ranges` (outputs), kept quantized.

@@ -119,4 +119,14 @@ impl TensorSource for OneDtype<'_> {
     ) -> Result<AffineWeight> {
         self.source.read_quantized_groups(name, ranges, s)
     }
+    // Packed values, scales and biases as stored: mlx-lm multiplies them so.
+    fn read_packed_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        self.source.read_packed_along(name, axis, ranges, s)
+    }
 }

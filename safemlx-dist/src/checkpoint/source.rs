@@ -126,6 +126,24 @@ pub trait TensorSource: std::fmt::Debug {
         let _ = (ranges, s);
         Err(not_quantized(self.path(), name))
     }
+    /// Ranges `(first, count)` along `axis` of the quantized tensor `name`
+    /// of any rank (stacked experts `[E, out, in]`), kept packed: its
+    /// `uint32` values, scales and biases, concatenated along `axis`.
+    /// Ranges along the last axis are in values and must be whole groups.
+    ///
+    /// # Errors
+    /// No such tensor, one not stored quantized, ranges past its end or
+    /// cutting a group, or a failed read.
+    fn read_packed_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        let _ = (axis, ranges, s);
+        Err(not_quantized(self.path(), name))
+    }
 }
 
 fn not_quantized(path: &Path, name: &str) -> Error {

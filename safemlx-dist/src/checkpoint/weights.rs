@@ -445,6 +445,26 @@ impl<'a, C: Collective> Weights<'a, C> {
         QuantizedArray::from_local(local, &self.comm, global)
     }
 
+    /// Ranges along `axis` of the quantized tensor `name` of logical
+    /// shape `shape` (stacked experts `[E, out, in]`), kept packed: values,
+    /// scales and biases (see [`TensorSource::read_packed_along`]).
+    ///
+    /// # Errors
+    /// Another shape, a tensor not stored quantized, ranges that cut a
+    /// group, or a failed read.
+    pub fn packed_along(
+        &self,
+        name: &str,
+        shape: &[usize],
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        self.check(name, shape)?;
+        self.source
+            .read_packed_along(&self.name(name), axis, ranges, s)
+    }
+
     /// This rank's part of `len` experts, heads or columns: `(first,
     /// count)` of [`lengths`](Self::lengths).
     pub fn chunk(&self, len: usize) -> (usize, usize) {

@@ -425,6 +425,7 @@ pub(super) const MIXTRAL_EXPERTS: ExpertNames = ExpertNames {
     router_bias: "gate.e_score_correction_bias",
     experts: "experts",
     stacked: ("experts.gate_up_proj", "experts.down_proj"),
+    switch: "switch_mlp",
     gate: "w1",
     up: "w3",
     down: "w2",
@@ -463,21 +464,6 @@ fn moe(w: &Weights, c: &LlamaConfig, m: &super::MoeSettings, s: &Stream) -> Resu
         }
         ExpertLayout::PerExpert(names) => names,
     };
-    let probe = [
-        format!("experts.0.{}.weight", names.gate),
-        "experts.gate_up_proj".to_owned(),
-    ]
-    .into_iter()
-    .find(|name| w.quantization(name).is_some());
-    if let Some(probe) = probe {
-        return Err(Error::Model {
-            path: w.source().path().display().to_string(),
-            message: format!(
-                "tensor `{}` is quantized; quantized experts are not supported yet: load the float model",
-                w.name(&probe)
-            ),
-        });
-    }
     Moe::load_hf(&w, names, dims, m.shared_hidden, config, s)
 }
 

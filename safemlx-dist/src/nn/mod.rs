@@ -38,8 +38,8 @@ pub use mla::{MlaAttention, MlaConfig, MlaNames};
 pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
     ExpertActivation, ExpertBiases, ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices,
-    ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, Mxfp4, Mxfp4Experts,
-    SharedExperts,
+    ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, Packed, PackedExperts,
+    PackedFormat, PackedMatrices, SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use shared_head::SharedHead;

@@ -1,5 +1,5 @@
 //! What a model's load says once: the checkpoint's layers it does not
-//! read (multi-token prediction) and how it holds MXFP4 experts.
+//! read (multi-token prediction) and how it holds packed experts.
 
 use super::{FeedForward, Llama};
 use crate::checkpoint::HfDirectory;
@@ -7,24 +7,28 @@ use crate::models::deepseek_v3;
 use crate::runtime::Group;
 
 impl Llama {
-    /// How the MXFP4 experts of a checkpoint that has them are held: kept
-    /// as stored, or dequantized and why (every layer alike).
-    pub(super) fn mxfp4_note(&self) -> Option<String> {
+    /// How the packed experts of a checkpoint that has them (MXFP4,
+    /// affine quantized) are held: kept as stored, or dequantized and why
+    /// (every layer alike).
+    pub fn packed_note(&self) -> Option<String> {
         let storage: Vec<_> = self
             .layers
             .iter()
             .filter_map(|l| match &l.mlp {
-                FeedForward::Moe(m) => m.mxfp4_storage(),
+                FeedForward::Moe(m) => m.packed_storage(),
                 FeedForward::Dense(_) => None,
             })
             .collect();
         let layers = storage.len();
-        Some(match storage.first()? {
+        let (format, kept) = storage.first()?;
+        let (what, mode) = (format.label(), format!("{:?}", format.mode).to_lowercase());
+        Some(match kept {
             Ok(()) => format!(
-                "keeping the MXFP4 experts of {layers} layers as stored (MLX's mxfp4 quantized matmuls)"
+                "keeping the {what} experts of {layers} layers as stored (MLX's {mode} quantized matmuls)"
             ),
             Err(why) => format!(
-                "dequantizing the MXFP4 experts of {layers} layers to float32 as they are read (about 7.5 times their stored bytes): {why}"
+                "dequantizing the {what} experts of {layers} layers to float32 as they are read (about {:.1} times their stored bytes): {why}",
+                32.0 / format.stored_bits()
             ),
         })
     }
@@ -69,7 +73,7 @@ pub(in crate::models) fn load_notes(group: &Group, dir: &HfDirectory, model: &Ll
     if let Some(warning) = deepseek_v3::mtp_warning(dir.names(), model.config.layers) {
         eprintln!("warning: model {path}: {warning}");
     }
-    if let Some(note) = model.mxfp4_note() {
+    if let Some(note) = model.packed_note() {
         eprintln!("model {path}: {note}");
     }
 }

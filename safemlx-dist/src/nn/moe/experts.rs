@@ -130,7 +130,7 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: e,
-            mxfp4: None,
+            packed: None,
         })
     }
 
@@ -165,7 +165,7 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: e,
-            mxfp4: None,
+            packed: None,
         })
     }
 
@@ -192,95 +192,23 @@ impl Moe {
     ) -> Result<Self> {
         config.check(experts)?;
         let group = w.comm();
-        let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
         let router = w.full(names.router, &[experts, dim], s)?.transpose(s)?;
         let score_bias = match w.contains(names.router_bias) {
             true => Some(w.full(names.router_bias, &[experts], s)?),
             false => None,
         };
-        let expert = |e: usize, which: &str| format!("{}.{e}.{which}.weight", names.experts);
-        let (stacked_gate_up, stacked_down) = names.stacked;
-        // Stacks per-expert matrices into [E', a, b].
-        let stack = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
-            if parts.is_empty() {
-                return Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?);
-            }
-            let parts: Vec<Array> = parts
-                .iter()
-                .map(|p| p.expand_dims(0, s))
-                .collect::<std::result::Result<_, _>>()?;
-            Ok(ops::concatenate_axis(&parts, 0, s)?)
-        };
-        let stacked = w.contains(stacked_gate_up);
-        let (gate, up, down) = if stacked {
-            // Transformers 5's stacked experts: `experts.gate_up_proj`
-            // [E, 2H, D] (gate rows, then up rows) and `experts.down_proj`
-            // [E, D, H].
-            let part = match config.placement {
-                ExpertPlacement::ExpertParallel => w.chunk(experts),
-                // Every expert's slice: the rows of a slice are not
-                // contiguous in the stacked tensor, so it is read whole.
-                ExpertPlacement::ExpertTensorParallel => (0, experts),
-            };
-            let gate_up = w.rows(stacked_gate_up, &[experts, 2 * hidden, dim], &[part], s)?;
-            let parts = gate_up.split(2, 1, s)?;
-            // To [E', D, H] and [E', H, D].
-            let down = w.rows(stacked_down, &[experts, dim, hidden], &[part], s)?;
-            (
-                parts[0].swap_axes(1, 2, s)?,
-                parts[1].swap_axes(1, 2, s)?,
-                down.swap_axes(1, 2, s)?,
-            )
-        } else {
-            let (first, count, part) = match config.placement {
-                ExpertPlacement::ExpertParallel => {
-                    let (first, count) = w.chunk(experts);
-                    (first, count, (0, hidden))
-                }
-                ExpertPlacement::ExpertTensorParallel => (0, experts, w.chunk(hidden)),
-            };
-            let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-            for e in first..first + count {
-                let rows = |which: &str| w.rows(&expert(e, which), &[hidden, dim], &[part], s);
-                gate.push(rows(names.gate)?.transpose(s)?);
-                up.push(rows(names.up)?.transpose(s)?);
-                let columns = w.columns(&expert(e, names.down), &[dim, hidden], &[part], s)?;
-                down.push(columns.transpose(s)?);
-            }
-            let width = part.1 as i32;
-            (
-                stack(gate, [d, width])?,
-                stack(up, [d, width])?,
-                stack(down, [width, d])?,
-            )
-        };
-        // Each rank's experts, or hidden columns of every expert, as `w`
-        // divides them (the chunk rule, or in proportion to its shares).
-        let experts_part = match config.placement {
-            ExpertPlacement::ExpertParallel => {
-                let split = w.lengths(experts);
-                let part = |a: Array, global: [i32; 3]| {
-                    ShardedArray::from_local_split(a, group, &global, &split)
-                };
-                Experts::Parallel(ExpertWeights {
-                    gate: part(gate, [e, d, h])?,
-                    up: part(up, [e, d, h])?,
-                    down: part(down, [e, h, d])?,
-                })
-            }
-            ExpertPlacement::ExpertTensorParallel => {
-                let split = w.lengths(hidden);
-                // Read whole when stacked: this rank's columns cut here.
-                let (first, count) = crate::typed::split_part(&split, group.rank());
-                let cut = |a: Array, axis: usize| match stacked {
-                    true => crate::runtime::slice_axis(&a, axis, first, count, s),
-                    false => Ok(a),
-                };
-                Experts::TensorParallel(ExpertSlices {
-                    gate: ShardedArray::from_local_split(cut(gate, 2)?, group, &[e, d, h], &split)?,
-                    up: ShardedArray::from_local_split(cut(up, 2)?, group, &[e, d, h], &split)?,
-                    down: ShardedArray::from_local_split(cut(down, 1)?, group, &[e, h, d], &split)?,
-                })
+        let (experts_part, packed) = match super::switch::read(
+            w,
+            names.switch,
+            (dim, hidden, experts),
+            config.placement,
+            s,
+        )? {
+            Some(read) => read,
+            None => {
+                refuse_quantized(w, names)?;
+                let dims = (dim, hidden, experts);
+                (read_per_expert(w, names, dims, config.placement, s)?, None)
             }
         };
         let shared = match shared_hidden {
@@ -307,9 +235,131 @@ impl Moe {
             score_bias,
             config,
             num_experts: experts,
-            mxfp4: None,
+            packed,
         })
     }
+}
+
+/// Quantized experts under Hugging Face's names are refused: mlx-lm
+/// stacks them (`switch_mlp`) before it quantizes, and that is what is
+/// read quantized.
+fn refuse_quantized(w: &Weights, names: &ExpertNames) -> Result<()> {
+    let probe = [
+        format!("{}.0.{}.weight", names.experts, names.gate),
+        names.stacked.0.to_owned(),
+    ]
+    .into_iter()
+    .find(|name| w.quantization(name).is_some());
+    match probe {
+        None => Ok(()),
+        Some(probe) => Err(Error::Model {
+            path: w.source().path().display().to_string(),
+            message: format!(
+                "tensor `{}` is quantized under Hugging Face's expert names; quantized experts are read in mlx-lm's stacked layout (`{}.gate_proj`, what `mlx_lm.convert -q` writes): convert the float model with mlx-lm, or load the float model",
+                w.name(&probe),
+                names.switch
+            ),
+        }),
+    }
+}
+
+/// This rank's float experts of a Hugging Face block: per-expert tensors,
+/// or Transformers 5's stacked ones (see [`Moe::load_hf`]).
+fn read_per_expert(
+    w: &Weights,
+    names: &ExpertNames,
+    (dim, hidden, experts): (usize, usize, usize),
+    placement: ExpertPlacement,
+    s: &Stream,
+) -> Result<Experts> {
+    let group = w.comm();
+    let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
+    let expert = |e: usize, which: &str| format!("{}.{e}.{which}.weight", names.experts);
+    let (stacked_gate_up, stacked_down) = names.stacked;
+    // Stacks per-expert matrices into [E', a, b].
+    let stack = |parts: Vec<Array>, inner: [i32; 2]| -> Result<Array> {
+        if parts.is_empty() {
+            return Ok(ops::zeros::<f32>(&[0, inner[0], inner[1]], s)?);
+        }
+        let parts: Vec<Array> = parts
+            .iter()
+            .map(|p| p.expand_dims(0, s))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(ops::concatenate_axis(&parts, 0, s)?)
+    };
+    let stacked = w.contains(stacked_gate_up);
+    let (gate, up, down) = if stacked {
+        // Transformers 5's stacked experts: `experts.gate_up_proj`
+        // [E, 2H, D] (gate rows, then up rows) and `experts.down_proj`
+        // [E, D, H].
+        let part = match placement {
+            ExpertPlacement::ExpertParallel => w.chunk(experts),
+            // Every expert's slice: the rows of a slice are not
+            // contiguous in the stacked tensor, so it is read whole.
+            ExpertPlacement::ExpertTensorParallel => (0, experts),
+        };
+        let gate_up = w.rows(stacked_gate_up, &[experts, 2 * hidden, dim], &[part], s)?;
+        let parts = gate_up.split(2, 1, s)?;
+        // To [E', D, H] and [E', H, D].
+        let down = w.rows(stacked_down, &[experts, dim, hidden], &[part], s)?;
+        (
+            parts[0].swap_axes(1, 2, s)?,
+            parts[1].swap_axes(1, 2, s)?,
+            down.swap_axes(1, 2, s)?,
+        )
+    } else {
+        let (first, count, part) = match placement {
+            ExpertPlacement::ExpertParallel => {
+                let (first, count) = w.chunk(experts);
+                (first, count, (0, hidden))
+            }
+            ExpertPlacement::ExpertTensorParallel => (0, experts, w.chunk(hidden)),
+        };
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        for e in first..first + count {
+            let rows = |which: &str| w.rows(&expert(e, which), &[hidden, dim], &[part], s);
+            gate.push(rows(names.gate)?.transpose(s)?);
+            up.push(rows(names.up)?.transpose(s)?);
+            let columns = w.columns(&expert(e, names.down), &[dim, hidden], &[part], s)?;
+            down.push(columns.transpose(s)?);
+        }
+        let width = part.1 as i32;
+        (
+            stack(gate, [d, width])?,
+            stack(up, [d, width])?,
+            stack(down, [width, d])?,
+        )
+    };
+    // Each rank's experts, or hidden columns of every expert, as `w`
+    // divides them (the chunk rule, or in proportion to its shares).
+    let experts_part = match placement {
+        ExpertPlacement::ExpertParallel => {
+            let split = w.lengths(experts);
+            let part = |a: Array, global: [i32; 3]| {
+                ShardedArray::from_local_split(a, group, &global, &split)
+            };
+            Experts::Parallel(ExpertWeights {
+                gate: part(gate, [e, d, h])?,
+                up: part(up, [e, d, h])?,
+                down: part(down, [e, h, d])?,
+            })
+        }
+        ExpertPlacement::ExpertTensorParallel => {
+            let split = w.lengths(hidden);
+            // Read whole when stacked: this rank's columns cut here.
+            let (first, count) = crate::typed::split_part(&split, group.rank());
+            let cut = |a: Array, axis: usize| match stacked {
+                true => crate::runtime::slice_axis(&a, axis, first, count, s),
+                false => Ok(a),
+            };
+            Experts::TensorParallel(ExpertSlices {
+                gate: ShardedArray::from_local_split(cut(gate, 2)?, group, &[e, d, h], &split)?,
+                up: ShardedArray::from_local_split(cut(up, 2)?, group, &[e, d, h], &split)?,
+                down: ShardedArray::from_local_split(cut(down, 1)?, group, &[e, h, d], &split)?,
+            })
+        }
+    };
+    Ok(experts_part)
 }
 
 /// Where an MoE block's tensors are under its prefix: the router, the
@@ -320,6 +370,10 @@ impl Moe {
 pub struct ExpertNames {
     /// The router, after the prefix: `gate.weight`.
     pub router: &'static str,
+    /// mlx-lm's stack of the experts (`switch_mlp`: then `.gate_proj`,
+    /// `.up_proj`, `.down_proj`), as mlx-community directories store them,
+    /// read instead when the checkpoint has it.
+    pub switch: &'static str,
     /// The router's score correction bias `[E]` (DeepSeek-V3's and
     /// GLM-4-MoE's `gate.e_score_correction_bias`), read when present.
     pub router_bias: &'static str,

@@ -8,18 +8,18 @@
 //! H, D]`); biases `{name}_bias` `[E, 2H]` (interleaved too) and `[E, D]`;
 //! a router `{router}.weight` `[E, D]` with `{router}.bias` `[E]`.
 //!
-//! MXFP4 experts stay as stored ([`Mxfp4Experts`]) where MLX multiplies
+//! MXFP4 experts stay as stored ([`PackedExperts`]) where MLX multiplies
 //! that mode on the stream's device and, under expert tensor parallelism,
 //! every rank gets a block of 32 of the hidden dimension (the hidden
 //! dimension then splits by whole blocks); otherwise they are
 //! dequantized to float32 as they are read (MLX's `dequantize` in `mxfp4`
-//! mode), and the layer says why ([`Moe::mxfp4_storage`]).
+//! mode), and the layer says why ([`Moe::packed_storage`]).
 
 use safemlx::ops::{dequantize_with_mode, QuantizationMode};
 use safemlx::{Array, Dtype, Stream};
 
 use super::config::{ExpertPlacement, MoeConfig};
-use super::mxfp4::{self, Mxfp4, Mxfp4Experts};
+use super::packed::{self, Packed, PackedExperts, PackedFormat, PackedMatrices};
 use super::{BiasPair, ExpertBiases, ExpertSlices, ExpertWeights, Experts, HiddenBiases, Moe};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
@@ -145,7 +145,7 @@ fn keep_mxfp4(
     blocks: &[usize],
     s: &Stream,
 ) -> std::result::Result<(), String> {
-    if let Err(e) = mxfp4::supported(s) {
+    if let Err(e) = packed::supported(s) {
         return Err(format!(
             "MLX does not multiply MXFP4 weights on this device ({e})"
         ));
@@ -261,7 +261,7 @@ impl Moe {
         };
         let cuts = (gate_up_cut, down_cut, &split[..]);
         let experts_part = match &mxfp4 {
-            Some(Ok(())) => Experts::Mxfp4(Box::new(read_mxfp4(
+            Some(Ok(())) => Experts::Packed(Box::new(read_mxfp4(
                 w,
                 names,
                 (dim, hidden, experts),
@@ -296,7 +296,7 @@ impl Moe {
             score_bias: None,
             config,
             num_experts: experts,
-            mxfp4,
+            packed: mxfp4.map(|kept| (PackedFormat::MXFP4, kept)),
         })
     }
 }
@@ -343,7 +343,7 @@ fn read_mxfp4(
     (dim, hidden, experts): (usize, usize, usize),
     (gate_up_cut, down_cut, split): (Cut, Cut, &[usize]),
     s: &Stream,
-) -> Result<Mxfp4Experts> {
+) -> Result<PackedExperts> {
     let group = w.comm();
     let (d, h, e) = (dim as i32, hidden as i32, experts as i32);
     let (packed, scales) =
@@ -352,36 +352,42 @@ fn read_mxfp4(
     let (down_p, down_s) = read_packed(w, names.down, (experts, dim, hidden), down_cut, s)?;
     if let Cut::Experts(_) = down_cut {
         let by_expert = w.lengths(experts);
-        let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<Mxfp4<_>> {
+        let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<Packed<_>> {
             let part = |a: Array, global: [i32; 3]| {
                 ShardedArray::from_local_split(a, group, &global, &by_expert)
             };
-            Ok(Mxfp4 {
+            Ok(Packed {
                 packed: part(packed, [e, rows, columns / 8])?,
                 scales: part(scales, [e, rows, columns / 32])?,
+                biases: None,
             })
         };
-        return Ok(Mxfp4Experts::Parallel([
-            of(gate_p, gate_s, (h, d))?,
-            of(up_p, up_s, (h, d))?,
-            of(down_p, down_s, (d, h))?,
-        ]));
+        return Ok(PackedExperts {
+            format: PackedFormat::MXFP4,
+            matrices: PackedMatrices::Parallel([
+                of(gate_p, gate_s, (h, d))?,
+                of(up_p, up_s, (h, d))?,
+                of(down_p, down_s, (d, h))?,
+            ]),
+        });
     }
-    let rows = |packed: Array, scales: Array| -> Result<Mxfp4<_>> {
-        Ok(Mxfp4 {
+    let rows = |packed: Array, scales: Array| -> Result<Packed<_>> {
+        Ok(Packed {
             packed: ShardedArray::from_local_split(packed, group, &[e, h, d / 8], split)?,
             scales: ShardedArray::from_local_split(scales, group, &[e, h, d / 32], split)?,
+            biases: None,
         })
     };
     // The down projection's columns: each rank's hidden slice (whole
     // blocks), in words of 8 values and blocks of 32.
     let per = |n: usize| -> Vec<usize> { split.iter().map(|c| c / n).collect() };
-    let down = Mxfp4 {
+    let down = Packed {
         packed: ShardedArray::from_local_split(down_p, group, &[e, d, h / 8], &per(8))?,
         scales: ShardedArray::from_local_split(down_s, group, &[e, d, h / 32], &per(32))?,
+        biases: None,
     };
-    Ok(Mxfp4Experts::TensorParallel(
-        [rows(gate_p, gate_s)?, rows(up_p, up_s)?],
-        down,
-    ))
+    Ok(PackedExperts {
+        format: PackedFormat::MXFP4,
+        matrices: PackedMatrices::TensorParallel([rows(gate_p, gate_s)?, rows(up_p, up_s)?], down),
+    })
 }

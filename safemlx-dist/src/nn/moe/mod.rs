@@ -22,8 +22,9 @@ mod config;
 mod experts;
 mod forward;
 mod interleaved;
-mod mxfp4;
+mod packed;
 mod routing;
+mod switch;
 
 use safemlx::{Array, Stream};
 
@@ -33,19 +34,20 @@ use crate::typed::{Placement, Replicated, Sharded, ShardedArray};
 pub use config::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, MoeConfig};
 pub use experts::{ExpertNames, ExpertSlices, ExpertWeights};
 pub use interleaved::InterleavedNames;
-use mxfp4::ExpertMatrices;
-pub use mxfp4::{Mxfp4, Mxfp4Experts};
+use packed::ExpertMatrices;
+pub use packed::{Packed, PackedExperts, PackedFormat, PackedMatrices};
 
 use super::Mlp;
 use crate::grad::Parameters;
 
-/// This rank's experts, by placement: float, or MXFP4 as stored; or
-/// MXFP4 experts a layout could not keep, dequantized and frozen.
+/// This rank's experts, by placement: float, or packed as stored (MXFP4,
+/// affine); or packed experts a layout could not keep, dequantized and
+/// frozen.
 #[derive(Debug, Parameters)]
 enum Experts {
     Parallel(ExpertWeights),
     TensorParallel(ExpertSlices),
-    Mxfp4(Box<Mxfp4Experts>),
+    Packed(Box<PackedExperts>),
     Frozen(crate::grad::Frozen<Experts>),
 }
 
@@ -55,9 +57,9 @@ impl Experts {
         match self {
             Self::Parallel(_) => ExpertParallel,
             Self::TensorParallel(_) => ExpertTensorParallel,
-            Self::Mxfp4(m) => match m.as_ref() {
-                Mxfp4Experts::Parallel(_) => ExpertParallel,
-                Mxfp4Experts::TensorParallel(..) => ExpertTensorParallel,
+            Self::Packed(m) => match m.matrices {
+                PackedMatrices::Parallel(_) => ExpertParallel,
+                PackedMatrices::TensorParallel(..) => ExpertTensorParallel,
             },
             Self::Frozen(f) => f.get().placement(),
         }
@@ -69,9 +71,9 @@ impl Experts {
     fn owners(&self, experts: usize, n: usize) -> Vec<(usize, usize)> {
         let lengths = match self {
             Self::Parallel(w) => w.gate.axis_lengths(0),
-            Self::Mxfp4(m) => match m.as_ref() {
-                Mxfp4Experts::Parallel([g, ..]) => g.packed.axis_lengths(0),
-                Mxfp4Experts::TensorParallel(..) => return vec![(0, experts); n],
+            Self::Packed(m) => match &m.matrices {
+                PackedMatrices::Parallel([g, ..]) => g.packed.axis_lengths(0),
+                PackedMatrices::TensorParallel(..) => return vec![(0, experts); n],
             },
             Self::TensorParallel(_) => return vec![(0, experts); n],
             Self::Frozen(f) => return f.get().owners(experts, n),
@@ -95,7 +97,7 @@ impl Experts {
             Self::TensorParallel(w) => {
                 ExpertMatrices::Float([w.gate.local(), w.up.local(), w.down.local()])
             }
-            Self::Mxfp4(m) => ExpertMatrices::Mxfp4(m.locals()),
+            Self::Packed(m) => ExpertMatrices::Packed(m.locals(), m.format),
             Self::Frozen(f) => f.get().matrices(),
         }
     }
@@ -103,7 +105,10 @@ impl Experts {
     fn nbytes(&self) -> usize {
         match self.matrices() {
             ExpertMatrices::Float(m) => m.iter().map(|a| a.nbytes()).sum(),
-            ExpertMatrices::Mxfp4(m) => m.iter().map(|(p, s)| p.nbytes() + s.nbytes()).sum(),
+            ExpertMatrices::Packed(m, _) => m
+                .iter()
+                .map(|(p, s, b)| p.nbytes() + s.nbytes() + b.map_or(0, |b| b.nbytes()))
+                .sum(),
         }
     }
 }
@@ -196,9 +201,10 @@ pub struct Moe {
     config: MoeConfig,
     #[parameters(skip)]
     num_experts: usize,
-    /// For MXFP4 checkpoints: kept as stored, or dequantized and why.
+    /// For packed experts (MXFP4, affine): kept as stored, or dequantized
+    /// and why.
     #[parameters(skip)]
-    mxfp4: Option<std::result::Result<(), String>>,
+    packed: Option<packed::Storage>,
 }
 
 impl Moe {
@@ -239,16 +245,25 @@ impl Moe {
         &self.config
     }
 
-    /// Whether the experts stay quantized (MXFP4 as stored).
+    /// Whether the experts stay quantized (packed as stored).
     pub fn is_quantized(&self) -> bool {
-        matches!(self.experts.as_ref(), Experts::Mxfp4(_))
+        matches!(self.experts.as_ref(), Experts::Packed(_))
     }
 
-    /// For a layer read from MXFP4 experts: `Ok` when they stay as stored,
-    /// the reason they were dequantized to float32 otherwise; `None` for
-    /// other checkpoints.
-    pub fn mxfp4_storage(&self) -> Option<&std::result::Result<(), String>> {
-        self.mxfp4.as_ref()
+    /// How the experts are packed, when they stay quantized.
+    pub fn packed_format(&self) -> Option<PackedFormat> {
+        match self.experts.as_ref() {
+            Experts::Packed(m) => Some(m.format),
+            _ => None,
+        }
+    }
+
+    /// For a layer read from packed experts (MXFP4, affine quantized):
+    /// how they are packed, and `Ok` when they stay as stored or the
+    /// reason they were dequantized to float32; `None` for float
+    /// checkpoints.
+    pub fn packed_storage(&self) -> Option<(PackedFormat, &std::result::Result<(), String>)> {
+        self.packed.as_ref().map(|(format, kept)| (*format, kept))
     }
 
     /// Bytes of this rank's weights.
@@ -281,8 +296,10 @@ impl Moe {
         all.extend(match self.experts.as_ref() {
             Experts::Parallel(w) => w.gather_full(s)?,
             Experts::TensorParallel(w) => w.gather_full(s)?,
-            Experts::Mxfp4(_) | Experts::Frozen(_) => {
-                unreachable!("MXFP4 layers, kept or dequantized, have biases: refused above")
+            Experts::Packed(_) | Experts::Frozen(_) => {
+                return Err(crate::error::Error::Setting(
+                    "an MoE layer read packed (MXFP4 or affine quantized) is not gathered into `Moe::load`'s float tensors".to_owned(),
+                ))
             }
         });
         Ok(all)

@@ -1,0 +1,241 @@
+//! Experts kept packed as stored: each projection's packed values and
+//! scales (and biases) as MLX packs them, multiplied by MLX's
+//! `quantized_matmul` (one expert) and `gather_qmm` (grouped) in their
+//! mode without dequantizing. MXFP4 (gpt-oss): `[E, out, in / 8]`
+//! `uint32` (eight 4-bit values a word) and `[E, out, in / 32]` `uint8`
+//! (one power-of-two scale per 32 values). Affine (mlx-community's
+//! `switch_mlp`): `[E, out, in * bits / 32]` `uint32`, scales and biases
+//! `[E, out, in / group_size]`. They are frozen: no parameters.
+
+use safemlx::ops::{gather_qmm_with_mode, quantized_matmul_with_mode, QuantizationMode};
+use safemlx::{Array, Stream};
+
+use crate::error::{Error, Result};
+use crate::grad::{check_count, Parameter, Parameters};
+use crate::runtime::slice_axis;
+use crate::typed::{Placement, Sharded, ShardedArray};
+
+/// How expert matrices are packed: MLX's mode, values per scale, bits
+/// per value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedFormat {
+    /// MLX's quantization mode.
+    pub mode: QuantizationMode,
+    /// Values per scale (and bias).
+    pub group_size: usize,
+    /// Bits per value.
+    pub bits: usize,
+}
+
+impl PackedFormat {
+    /// gpt-oss's MXFP4: 4-bit values, one power-of-two scale per 32.
+    pub const MXFP4: Self = Self {
+        mode: QuantizationMode::MxFp4,
+        group_size: 32,
+        bits: 4,
+    };
+
+    /// MLX's affine quantization (a scale and a bias per group).
+    pub fn affine(group_size: usize, bits: usize) -> Self {
+        Self {
+            mode: QuantizationMode::Affine,
+            group_size,
+            bits,
+        }
+    }
+
+    /// `uint32` words of packed values per group.
+    pub fn words_per_group(&self) -> usize {
+        self.group_size * self.bits / 32
+    }
+
+    /// In messages: `MXFP4`, `4-bit affine (groups of 64)`.
+    pub fn label(&self) -> String {
+        match self.mode {
+            QuantizationMode::MxFp4 => "MXFP4".to_owned(),
+            QuantizationMode::Affine => {
+                format!("{}-bit affine (groups of {})", self.bits, self.group_size)
+            }
+        }
+    }
+
+    /// Stored bits per value, scales (8-bit for MXFP4, 16-bit scales and
+    /// biases for affine) included.
+    pub fn stored_bits(&self) -> f64 {
+        let per_group = match self.mode {
+            QuantizationMode::MxFp4 => 8.0,
+            QuantizationMode::Affine => 32.0,
+        };
+        self.bits as f64 + per_group / self.group_size as f64
+    }
+
+    fn ints(&self) -> (i32, i32) {
+        (self.group_size as i32, self.bits as i32)
+    }
+}
+
+/// One projection of the local experts: packed values, scales and (affine)
+/// biases, placed as `P` (by expert, by output row, or by whole groups of
+/// input columns).
+#[derive(Debug, Clone)]
+pub struct Packed<P: Placement> {
+    /// `uint32` `[E, out, in * bits / 32]`.
+    pub packed: ShardedArray<P>,
+    /// `[E, out, in / group_size]`.
+    pub scales: ShardedArray<P>,
+    /// `[E, out, in / group_size]`, for affine quantization.
+    pub biases: Option<ShardedArray<P>>,
+}
+
+impl<P: Placement> Packed<P> {
+    fn locals(&self) -> PackedLocals<'_> {
+        (
+            self.packed.local(),
+            self.scales.local(),
+            self.biases.as_ref().map(ShardedArray::local),
+        )
+    }
+}
+
+/// How a layer's experts are held when they were stored packed: kept, or
+/// dequantized and why.
+pub(super) type Storage = (PackedFormat, std::result::Result<(), String>);
+
+/// A projection's local packed values, scales and biases.
+pub(super) type PackedLocals<'a> = (&'a Array, &'a Array, Option<&'a Array>);
+
+/// Packed experts on this rank: gate and up `[E, H, D]` and down `[E, D,
+/// H]` as stored (output rows by input columns), split by expert (expert
+/// parallel) or by the hidden dimension (expert tensor parallel: the gate
+/// and up rows, the down projection's whole groups of columns).
+#[derive(Debug, Clone)]
+pub struct PackedExperts {
+    /// How they are packed.
+    pub format: PackedFormat,
+    /// The matrices, by placement.
+    pub matrices: PackedMatrices,
+}
+
+/// [`PackedExperts`]' matrices, by placement.
+#[derive(Debug, Clone)]
+pub enum PackedMatrices {
+    /// Gate, up and down of this rank's experts.
+    Parallel([Packed<Sharded<0>>; 3]),
+    /// Every expert's gate and up rows and down columns of this rank's
+    /// hidden slice.
+    TensorParallel([Packed<Sharded<1>>; 2], Packed<Sharded<2>>),
+}
+
+impl PackedExperts {
+    /// Gate, up and down: packed values, scales and biases.
+    pub(super) fn locals(&self) -> [PackedLocals<'_>; 3] {
+        match &self.matrices {
+            PackedMatrices::Parallel([g, u, d]) => [g.locals(), u.locals(), d.locals()],
+            PackedMatrices::TensorParallel([g, u], d) => [g.locals(), u.locals(), d.locals()],
+        }
+    }
+}
+
+/// Frozen weights: no parameters.
+impl Parameters for PackedExperts {
+    fn parameters(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+
+    fn with_parameters(&self, locals: &[Array]) -> Result<Self> {
+        check_count(0, locals.len())?;
+        Ok(self.clone())
+    }
+}
+
+/// The local experts' three matrices as a forward multiplies them.
+pub(super) enum ExpertMatrices<'a> {
+    /// Float gate and up `[E', D, H']`, down `[E', H', D]` (input rows).
+    Float([&'a Array; 3]),
+    /// Packed gate and up `[E', H', D]`, down `[E', D, H']` (output rows):
+    /// packed values, scales and biases.
+    Packed([PackedLocals<'a>; 3], PackedFormat),
+}
+
+impl ExpertMatrices<'_> {
+    /// `x` `[r, in]` times matrix `which` (0 gate, 1 up, 2 down) of local
+    /// expert `e`: `[r, out]`.
+    pub(super) fn one(&self, which: usize, x: &Array, e: usize, s: &Stream) -> Result<Array> {
+        let pick =
+            |a: &Array| -> Result<Array> { Ok(slice_axis(a, 0, e, 1, s)?.squeeze_axes(&[0], s)?) };
+        match self {
+            Self::Float(m) => Ok(x.matmul(pick(m[which])?, s)?),
+            Self::Packed(m, format) => {
+                let (packed, scales, biases) = m[which];
+                let biases = biases.map(pick).transpose()?;
+                let (group_size, bits) = format.ints();
+                Ok(quantized_matmul_with_mode(
+                    x,
+                    pick(packed)?,
+                    pick(scales)?,
+                    biases.as_ref(),
+                    true,
+                    group_size,
+                    bits,
+                    format.mode,
+                    s,
+                )?)
+            }
+        }
+    }
+
+    /// `x` `[r, 1, in]`, rows sorted by their local expert `ids` (`[r]`
+    /// `uint32`), times matrix `which` of each row's expert: `[r, 1, out]`.
+    pub(super) fn grouped(
+        &self,
+        which: usize,
+        x: &Array,
+        ids: &Array,
+        s: &Stream,
+    ) -> Result<Array> {
+        match self {
+            Self::Float(m) => Ok(safemlx::ops::gather_mm(x, m[which], None, ids, true, s)?),
+            Self::Packed(m, format) => {
+                let (packed, scales, biases) = m[which];
+                let (group_size, bits) = format.ints();
+                Ok(gather_qmm_with_mode(
+                    x,
+                    packed,
+                    scales,
+                    biases,
+                    None,
+                    Some(ids),
+                    true,
+                    group_size,
+                    bits,
+                    true,
+                    format.mode,
+                    s,
+                )?)
+            }
+        }
+    }
+}
+
+/// Whether MLX multiplies MXFP4 weights on `s`'s device: one small
+/// `quantized_matmul` in that mode, run; the error when it does not.
+///
+/// # Errors
+/// MLX's refusal, as its message.
+pub(super) fn supported(s: &Stream) -> Result<()> {
+    let x = safemlx::ops::ones::<f32>(&[1, 32], s)?;
+    let packed = Array::from_slice(&[0u32; 4], &[1, 4]);
+    let scales = Array::from_slice(&[127u8], &[1, 1]);
+    let y = quantized_matmul_with_mode(
+        &x,
+        &packed,
+        &scales,
+        None,
+        true,
+        32,
+        4,
+        QuantizationMode::MxFp4,
+        s,
+    )?;
+    crate::runtime::eval(&[&y]).map_err(|e| Error::Setting(e.to_string()))
+}

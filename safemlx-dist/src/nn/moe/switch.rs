@@ -1,0 +1,242 @@
+//! mlx-lm's stacked experts, as every mlx-community directory stores an
+//! MoE (mlx-lm's `SwitchGLU`): `{switch}.gate_proj` and `{switch}.up_proj`
+//! `[E, H, D]`, `{switch}.down_proj` `[E, D, H]` (output rows by input
+//! columns), as floats or affine quantized (`.weight` `uint32` `[E, out,
+//! in * bits / 32]`, `.scales` and `.biases` `[E, out, in / group_size]`).
+//!
+//! Each rank reads only its experts (expert parallel) or its hidden slice
+//! of every expert (expert tensor parallel: the gate and up rows, the down
+//! projection's columns). Quantized experts stay packed and multiply with
+//! MLX's `gather_qmm`; under expert tensor parallelism the hidden
+//! dimension then splits by whole groups, and when that would leave a
+//! rank no group (MLX's kernels take no empty matrix) they are dequantized
+//! to float32 as they are read, and the layer says why.
+
+use safemlx::ops::{dequantize_with_mode, QuantizationMode};
+use safemlx::{Array, Dtype, Stream};
+
+use super::config::ExpertPlacement;
+use super::packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
+use super::{ExpertSlices, ExpertWeights, Experts};
+use crate::checkpoint::Weights;
+use crate::error::{Error, Result};
+use crate::grad::Frozen;
+use crate::typed::{Placement, ShardedArray};
+
+/// mlx-lm's names of a `SwitchGLU`'s projections.
+const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// This rank's experts from the stack `switch` under `w` (`(dim, hidden,
+/// experts)` its sizes), with how it holds packed ones; `None` when `w`
+/// has no such stack.
+///
+/// # Errors
+/// A projection missing, of another shape, quantized unlike the others,
+/// or in a mode other than affine (named), or a failed read.
+pub(super) fn read(
+    w: &Weights,
+    switch: &str,
+    (dim, hidden, experts): (usize, usize, usize),
+    placement: ExpertPlacement,
+    s: &Stream,
+) -> Result<Option<(Experts, Option<Storage>)>> {
+    let names = PROJECTIONS.map(|p| format!("{switch}.{p}.weight"));
+    if !w.contains(&names[0]) {
+        return Ok(None);
+    }
+    let quantization = names.each_ref().map(|n| w.quantization(n));
+    if quantization.iter().any(|q| *q != quantization[0]) {
+        return Err(Error::Model {
+            path: w.source().path().display().to_string(),
+            message: format!(
+                "the experts `{}`, `{}` and `{}` are quantized differently ({quantization:?}, as (group size, bits)); one stack of experts takes one quantization",
+                w.name(&names[0]),
+                w.name(&names[1]),
+                w.name(&names[2])
+            ),
+        });
+    }
+    let shapes = [
+        [experts, hidden, dim],
+        [experts, hidden, dim],
+        [experts, dim, hidden],
+    ];
+    let Some((group_size, bits)) = quantization[0] else {
+        return Ok(Some((read_float(w, &names, shapes, placement, s)?, None)));
+    };
+    let format = PackedFormat::affine(group_size, bits);
+    let groups = w.lengths(hidden / group_size);
+    let kept = keep(placement, hidden, group_size, &groups);
+    let part = match &kept {
+        Ok(()) => Experts::Packed(Box::new(read_packed(
+            w,
+            &names,
+            shapes,
+            (placement, format),
+            s,
+        )?)),
+        Err(_) => {
+            let float = read_float(w, &names, shapes, placement, s)?;
+            Experts::Frozen(Frozen::new(float))
+        }
+    };
+    Ok(Some((part, Some((format, kept)))))
+}
+
+/// Whether packed experts stay packed: under expert tensor parallelism
+/// every rank needs a whole group of the hidden dimension (`groups`: each
+/// rank's count).
+fn keep(
+    placement: ExpertPlacement,
+    hidden: usize,
+    group_size: usize,
+    groups: &[usize],
+) -> std::result::Result<(), String> {
+    match groups.iter().position(|&g| g == 0) {
+        Some(rank) if placement == ExpertPlacement::ExpertTensorParallel => Err(format!(
+            "expert tensor parallel over {} ranks splits the hidden dimension {hidden} by whole quantization groups of {group_size} ({} of them) and leaves rank {rank} none",
+            groups.len(),
+            hidden / group_size
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Where a rank's part of a projection is: `(axis, (first, count))`.
+type Cut = (usize, (usize, usize));
+
+/// What each rank reads of the three projections, and each rank's
+/// lengths along the cut axis (whole `unit`s of the hidden dimension).
+fn cuts(
+    w: &Weights,
+    (experts, hidden): (usize, usize),
+    placement: ExpertPlacement,
+    unit: usize,
+) -> ([Cut; 3], Vec<usize>) {
+    match placement {
+        ExpertPlacement::ExpertParallel => {
+            let part = w.chunk(experts);
+            ([(0, part); 3], w.lengths(experts))
+        }
+        ExpertPlacement::ExpertTensorParallel => {
+            let split: Vec<usize> = w.lengths(hidden / unit).iter().map(|g| g * unit).collect();
+            let rank = w.comm().rank();
+            let part = (split[..rank].iter().sum(), split[rank]);
+            ([(1, part), (1, part), (2, part)], split)
+        }
+    }
+}
+
+/// This rank's float experts: gate and up `[E', D, H']`, down `[E', H',
+/// D]` (quantized ones dequantized).
+fn read_float(
+    w: &Weights,
+    names: &[String; 3],
+    shapes: [[usize; 3]; 3],
+    placement: ExpertPlacement,
+    s: &Stream,
+) -> Result<Experts> {
+    let [e, h, d] = shapes[0];
+    let (cut, split) = cuts(w, (e, h), placement, 1);
+    let read = |i: usize| -> Result<Array> {
+        let (axis, range) = cut[i];
+        let stored = match w.quantization(&names[i]) {
+            None => w.along((&names[i], false), &shapes[i], axis, &[range], s)?,
+            Some((group_size, bits)) => {
+                // Rounded out to whole groups, dequantized, then cut.
+                let (first, count) = range;
+                let g = if axis == 2 { group_size } else { 1 };
+                let (a, b) = (first / g * g, (first + count).div_ceil(g) * g);
+                let [packed, scales, biases] =
+                    w.packed_along(&names[i], &shapes[i], axis, &[(a, b - a)], s)?;
+                let values = dequantize_with_mode(
+                    &packed,
+                    &scales,
+                    Some(&biases),
+                    group_size as i32,
+                    bits as i32,
+                    QuantizationMode::Affine,
+                    s,
+                )?;
+                crate::runtime::slice_axis(&values, axis, first - a, count, s)?
+            }
+        };
+        // As the float experts are held: input rows by output columns.
+        Ok(stored.swap_axes(1, 2, s)?.as_dtype(Dtype::Float32, s)?)
+    };
+    let group = w.comm();
+    let (ei, hi, di) = (e as i32, h as i32, d as i32);
+    let [gate, up, down] = [read(0)?, read(1)?, read(2)?];
+    Ok(match placement {
+        ExpertPlacement::ExpertParallel => Experts::Parallel(ExpertWeights {
+            gate: ShardedArray::from_local_split(gate, group, &[ei, di, hi], &split)?,
+            up: ShardedArray::from_local_split(up, group, &[ei, di, hi], &split)?,
+            down: ShardedArray::from_local_split(down, group, &[ei, hi, di], &split)?,
+        }),
+        ExpertPlacement::ExpertTensorParallel => Experts::TensorParallel(ExpertSlices {
+            gate: ShardedArray::from_local_split(gate, group, &[ei, di, hi], &split)?,
+            up: ShardedArray::from_local_split(up, group, &[ei, di, hi], &split)?,
+            down: ShardedArray::from_local_split(down, group, &[ei, hi, di], &split)?,
+        }),
+    })
+}
+
+/// This rank's experts kept packed: gate and up `[E', H', D]`, down `[E',
+/// D, H']` as stored.
+fn read_packed(
+    w: &Weights,
+    names: &[String; 3],
+    shapes: [[usize; 3]; 3],
+    (placement, format): (ExpertPlacement, PackedFormat),
+    s: &Stream,
+) -> Result<PackedExperts> {
+    let [e, h, _] = shapes[0];
+    let (cut, split) = cuts(w, (e, h), placement, format.group_size);
+    // Packed values, scales and biases of projection `i`, placed as `P`
+    // along the cut's axis, each rank's lengths `split` in values.
+    fn placed<P: Placement>(
+        w: &Weights,
+        (name, shape, (axis, range)): (&str, [usize; 3], Cut),
+        (split, format): (&[usize], PackedFormat),
+        s: &Stream,
+    ) -> Result<Packed<P>> {
+        let [packed, scales, biases] = w.packed_along(name, &shape, axis, &[range], s)?;
+        let g = format.group_size;
+        let global = |last: usize| -> [i32; 3] { [shape[0] as i32, shape[1] as i32, last as i32] };
+        let (words, groups) = (
+            global(shape[2] / g * format.words_per_group()),
+            global(shape[2] / g),
+        );
+        // Along the last axis the split is in values: in words and groups here.
+        let per = |n: usize, d: usize| -> Vec<usize> { split.iter().map(|v| v / d * n).collect() };
+        let (split_words, split_groups) = match axis {
+            2 => (per(format.words_per_group(), g), per(1, g)),
+            _ => (split.to_vec(), split.to_vec()),
+        };
+        let comm = w.comm();
+        Ok(Packed {
+            packed: ShardedArray::from_local_split(packed, comm, &words, &split_words)?,
+            scales: ShardedArray::from_local_split(scales, comm, &groups, &split_groups)?,
+            biases: Some(ShardedArray::from_local_split(
+                biases,
+                comm,
+                &groups,
+                &split_groups,
+            )?),
+        })
+    }
+    let at = |i: usize| (names[i].as_str(), shapes[i], cut[i]);
+    let how = (&split[..], format);
+    let matrices = match placement {
+        ExpertPlacement::ExpertParallel => PackedMatrices::Parallel([
+            placed(w, at(0), how, s)?,
+            placed(w, at(1), how, s)?,
+            placed(w, at(2), how, s)?,
+        ]),
+        ExpertPlacement::ExpertTensorParallel => PackedMatrices::TensorParallel(
+            [placed(w, at(0), how, s)?, placed(w, at(1), how, s)?],
+            placed(w, at(2), how, s)?,
+        ),
+    };
+    Ok(PackedExperts { format, matrices })
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""MoE models as mlx-community ships them: quantized by mlx-lm's own
+converter, and their logits from mlx-lm.
+
+For each case below: a tiny random MoE in Hugging Face's layout (the
+tensors of make_moe_goldens.py, with dimensions that MLX's quantization
+groups divide) is written to a temporary directory, and `mlx_lm.convert`
+(`quantize=True`, the case's bits and group size) turns it into
+tests/golden/mlx-community/CASE/ exactly as `mlx_lm.convert -q` writes an
+mlx-community directory: mlx-lm's tensor names (the experts stacked as
+`switch_mlp`), `weight` (uint32) / `scales` / `biases` for every quantized
+layer (embedding, attention, experts, router, LM head) and
+`quantization` in config.json. golden.safetensors holds the prompt
+("tokens", I32) and mlx-lm's logits of the converted model ("logits",
+F32 [T, V]).
+
+Run once, commit the output; CI needs no Python:
+
+    python3 -m venv ~/.cache/golden-venv && ~/.cache/golden-venv/bin/pip install \\
+        "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" numpy safetensors tokenizers
+    ~/.cache/golden-venv/bin/python tests/golden/make_mlx_community_goldens.py
+"""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm import convert
+from mlx_lm.utils import load_model
+from safetensors.numpy import save_file
+
+from make_moe_goldens import BASE, tokenizer, weights
+
+OUT = Path(__file__).parent / "mlx-community"
+
+CASES = {
+    # Qwen3-MoE in 4 bits, groups of 64: top-2 of 8 experts renormalised,
+    # q/k norms; heads 64 wide (a group each), as Qwen3's 128 are two.
+    "qwen3-moe-4bit": (dict(model_type="qwen3_moe", hidden_size=128,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, intermediate_size=128,
+                            moe_intermediate_size=64, num_experts=8,
+                            num_experts_per_tok=2, norm_topk_prob=True,
+                            decoder_sparse_step=1, mlp_only_layers=[],
+                            rope_theta=1000000.0),
+                       4, 64, 11),
+    # Mixtral in 8 bits, groups of 32: top-2 of 6 experts (uneven over 4
+    # ranks).
+    "mixtral-8bit": (dict(model_type="mixtral", hidden_size=128,
+                          num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=96, num_local_experts=6,
+                          num_experts_per_tok=2, rope_theta=1000000.0,
+                          sliding_window=None),
+                     8, 32, 12),
+}
+
+
+def main():
+    tok = tokenizer()
+    prompt = tok.encode("Hello experts, route the tokens.").ids
+    for case, (extra, bits, group, seed) in sorted(CASES.items()):
+        config = {**BASE, **extra}
+        path = OUT / case
+        with tempfile.TemporaryDirectory() as hf:
+            hf = Path(hf)
+            (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            tensors, _ = weights(config, np.random.default_rng(seed))
+            save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
+            tok.save(str(hf / "tokenizer.json"))
+            (hf / "tokenizer_config.json").write_text(json.dumps(
+                {"bos_token": "<s>", "eos_token": "</s>"}, indent=2) + "\n")
+            if path.exists():
+                shutil.rmtree(path)
+            convert(str(hf), str(path), quantize=True, q_bits=bits,
+                    q_group_size=group)
+            # mlx-lm's model card, not part of the model.
+            (path / "README.md").unlink(missing_ok=True)
+        model, _ = load_model(path)
+        logits = model(mx.array([prompt]))[0].astype(mx.float32)
+        golden = {"tokens": np.array(prompt, dtype=np.int32),
+                  "logits": np.array(logits)}
+        save_file(golden, path / "golden.safetensors")
+        print(f"{case}: {bits} bits, groups of {group}; {len(prompt)} tokens, "
+              f"argmax {golden['logits'].argmax(-1).tolist()}")
+
+
+if __name__ == "__main__":
+    main()
