@@ -2,8 +2,9 @@
 //! ranks: a bfloat16 checkpoint (the tiny DeepSeek-V3 of the goldens,
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
-//! stored: the experts stay quantized), in both expert placements, as
-//! pipeline stages and with a weighted split. The check states the
+//! stored: the experts stay quantized) and GGUF K-quants made by llama.cpp
+//! (Q4_K_M), in both expert placements, as pipeline stages and with a
+//! weighted split. The check states the
 //! dtype's bound and passes: the logits stay within it of one process and
 //! the greedy tokens agree (or part only at a near-tie of one process).
 
@@ -115,4 +116,17 @@ fn generate_check_on_mlx_community_moe_passes_split_every_way() {
         out.contains("keeping the 8-bit affine (groups of 32) experts of 2 layers as stored"),
         "{out}"
     );
+}
+
+#[test]
+fn generate_check_on_llama_cpp_k_quants_passes_split_and_staged() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/gguf");
+    let file = gguf.join("kquant-Q4_K_M.gguf");
+    for (ranks, args) in [("2", &[][..]), ("4", &["--mesh", "pp=2,tp=2"])] {
+        let out = check(&file, ranks, args, "bound 1e-4 for float32");
+        assert!(
+            out.contains("dequantizing 3 Q6_K tensors (e.g. `blk.1.attn_v.weight`) to float32 as they are read"),
+            "{out}"
+        );
+    }
 }

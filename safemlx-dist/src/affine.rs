@@ -171,6 +171,28 @@ impl AffineWeight {
         })
     }
 
+    /// Quantized weights of the same rows side by side: their groups in
+    /// order (the parts of one weight's columns).
+    ///
+    /// # Errors
+    /// No parts, or parts of other rows or quantization (an MLX error).
+    pub fn concatenate_groups(parts: &[Self], s: &Stream) -> Result<Self> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Shape("no groups to concatenate".to_owned()));
+        };
+        let joined = |pick: fn(&Self) -> &Array| -> Result<Array> {
+            let arrays: Vec<&Array> = parts.iter().map(pick).collect();
+            Ok(safemlx::ops::concatenate_axis(&arrays, 1, s)?)
+        };
+        Self::new(
+            joined(|p| &p.weight)?,
+            joined(|p| &p.scales)?,
+            joined(|p| &p.biases)?,
+            first.group_size,
+            first.bits,
+        )
+    }
+
     /// The float values, `[rows, columns]` (MLX's `dequantize`).
     ///
     /// # Errors

@@ -43,6 +43,50 @@ fn every_type_dequantizes_to_the_gguf_packages_values() {
     assert_eq!(file.bytes_read() - before, 2 * 40);
 }
 
+/// Random blocks of each K-quant and MXFP4 (and their scales) decode to
+/// the `gguf` package's values; Q4_K and Q5_K also as MLX affine weights
+/// (groups of 32, 4 and 5 bits), through MLX's own `dequantize`.
+#[test]
+fn k_quant_and_mxfp4_blocks_decode_to_the_gguf_packages_values() {
+    use safemlx_dist::affine::AffineWeight;
+    use safemlx_dist::checkpoint::{dequantize, to_affine, GgmlType};
+    let s = cpu();
+    let blocks = SafetensorsFile::open(golden("kquant-blocks.safetensors")).expect("golden");
+    for (name, kind) in [
+        ("Q2_K", GgmlType::Q2_K),
+        ("Q3_K", GgmlType::Q3_K),
+        ("Q4_K", GgmlType::Q4_K),
+        ("Q5_K", GgmlType::Q5_K),
+        ("Q6_K", GgmlType::Q6_K),
+        ("MXFP4", GgmlType::MXFP4),
+    ] {
+        let bytes = blocks.read(&format!("{name}.bytes"), &s).unwrap();
+        let bytes: Vec<u8> = bytes.into_evaluated().unwrap().try_to_vec().unwrap();
+        let want = host(&blocks.read(&format!("{name}.values"), &s).unwrap(), &s);
+        assert_eq!(dequantize(kind, &bytes), want, "{name}");
+        if let Some(bits) = kind.affine_bits() {
+            let (words, scales, biases, b) = to_affine(kind, &bytes);
+            assert_eq!(b, bits);
+            // The 4 blocks as one row of 1024 values.
+            let groups = scales.len() as i32;
+            let affine = AffineWeight::new(
+                safemlx::Array::from_slice(&words, &[1, groups * bits as i32]),
+                safemlx::Array::from_slice(&scales, &[1, groups]),
+                safemlx::Array::from_slice(&biases, &[1, groups]),
+                32,
+                bits,
+            )
+            .unwrap();
+            let got = host(&affine.dequantize(&s).unwrap(), &s);
+            let worst = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+            assert!(worst <= 1e-6, "{name} as MLX affine: off by {worst}");
+        }
+    }
+}
+
 /// A copy of `quants.gguf` with `edit` applied to its bytes.
 fn damaged(tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
     let mut bytes = std::fs::read(golden("quants.gguf")).unwrap();
@@ -82,11 +126,19 @@ fn damaged_files_name_the_file_and_the_tensor() {
         "checkpoint FILE: is GGUF version 7; versions 2 and 3 are read"
     );
     assert_eq!(
+        open_error(&damaged("iq2", |b| {
+            let at = type_field(b, "q8_0");
+            b[at..at + 4].copy_from_slice(&16u32.to_le_bytes());
+        })),
+        "checkpoint FILE: tensor `q8_0` has type IQ2_XXS (16), which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4"
+    );
+    // A K-quant's rows are super-blocks of 256 values; these rows hold 64.
+    assert_eq!(
         open_error(&damaged("q6k", |b| {
             let at = type_field(b, "q8_0");
             b[at..at + 4].copy_from_slice(&14u32.to_le_bytes());
         })),
-        "checkpoint FILE: tensor `q8_0` has type Q6_K (14), which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+        "checkpoint FILE: tensor `q8_0` is Q6_K with rows of 64 values, not a whole number of 256-value blocks"
     );
     let offset = open_error(&damaged("offset", |b| {
         let at = type_field(b, "q4_1") + 4;

@@ -7,12 +7,15 @@
 //! by default), the tensors' data at their offsets. Strings are a `u64`
 //! length and UTF-8 bytes; everything is little-endian.
 //!
-//! Tensors of type F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are read, quantized
-//! ones dequantized to `float32` on load (blocks of 32 values: Q8_0 is an
-//! f16 scale and 32 `i8`; Q4_0 an f16 scale and 16 bytes of 4-bit values
-//! offset by 8; Q4_1 an f16 scale, an f16 minimum and 16 bytes; value `j`
-//! of a block is the low nibble of byte `j`, value `j + 16` its high one).
-//! Only the rows (or the blocks of the columns) a rank asks for are read.
+//! Tensors of type F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants Q2_K to
+//! Q6_K and MXFP4 are read, quantized ones dequantized to `float32` on
+//! load (Q8_0, Q4_0, Q4_1 blocks of 32 values: Q8_0 is an f16 scale and 32
+//! `i8`; Q4_0 an f16 scale and 16 bytes of 4-bit values offset by 8; Q4_1
+//! an f16 scale, an f16 minimum and 16 bytes; value `j` of a block is the
+//! low nibble of byte `j`, value `j + 16` its high one; the K-quants'
+//! super-blocks of 256 are in `kquants.rs`) or kept in MLX's affine form
+//! (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K). Only the rows (or the blocks of the
+//! columns) a rank asks for are read.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -127,7 +130,7 @@ impl GgufFile {
             let code = h.u32(&what).map_err(&fail)?;
             let kind = GgmlType::from_code(code).map_err(|t| {
                 fail(format!(
-                    "{what} has type {t}, which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+                    "{what} has type {t}, which safemlx-dist does not read; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4"
                 ))
             })?;
             let offset = h.u64(&what).map_err(&fail)?;
@@ -321,7 +324,7 @@ impl GgufFile {
 }
 
 impl GgufFile {
-    /// Rows `ranges` of the 2-D Q8_0, Q4_0 or Q4_1 tensor `name`, kept
+    /// Rows `ranges` of the 2-D Q8_0, Q4_0, Q4_1, Q4_K or Q5_K tensor `name`, kept
     /// quantized: the same values as [`GgufFile::read_rows`] in MLX's
     /// affine layout (see [`to_affine`]).
     ///
@@ -334,8 +337,8 @@ impl GgufFile {
         s: &Stream,
     ) -> Result<AffineWeight> {
         let (t, rows, columns) = self.quantized_tensor(name)?;
-        let (_, block_bytes) = t.kind.block();
-        let row_bytes = (columns / 32 * block_bytes) as u64;
+        let (per_block, block_bytes) = t.kind.block();
+        let row_bytes = (columns / per_block * block_bytes) as u64;
         let mut bytes = Vec::new();
         for &(first, count) in ranges {
             if first.checked_add(count).is_none_or(|end| end > rows) {
@@ -351,8 +354,9 @@ impl GgufFile {
         self.affine(name, t.kind, &bytes, [picked, columns], s)
     }
 
-    /// Groups (blocks of 32 columns) `ranges` of every row of the 2-D
-    /// Q8_0, Q4_0 or Q4_1 tensor `name`, kept quantized.
+    /// Groups (of 32 columns) `ranges` of every row of the 2-D tensor
+    /// `name` of a type that stays quantized, kept quantized: the blocks
+    /// that hold them are read (a K-quant's 256 values are 8 groups).
     ///
     /// # Errors
     /// No such tensor, not 2-D, another type, groups past its end, or a failed read.
@@ -363,8 +367,8 @@ impl GgufFile {
         s: &Stream,
     ) -> Result<AffineWeight> {
         let (t, rows, columns) = self.quantized_tensor(name)?;
-        let (_, block_bytes) = t.kind.block();
-        let groups = columns / 32;
+        let (per_block, block_bytes) = t.kind.block();
+        let (groups, per) = (columns / 32, per_block / 32);
         for &(first, count) in ranges {
             if first.checked_add(count).is_none_or(|end| end > groups) {
                 return Err(self.error(format!(
@@ -373,15 +377,33 @@ impl GgufFile {
                 )));
             }
         }
+        let ranges: Vec<_> = ranges.iter().copied().filter(|r| r.1 > 0).collect();
+        // The blocks that hold each range, and where the range starts in them.
+        let blocks: Vec<_> = ranges
+            .iter()
+            .map(|&(first, count)| (first / per, (first + count).div_ceil(per) - first / per))
+            .collect();
         let picked: usize = ranges.iter().map(|r| r.1).sum();
-        let mut bytes = Vec::with_capacity(rows * picked * block_bytes);
+        let read: usize = blocks.iter().map(|b| b.1).sum();
+        let mut bytes = Vec::with_capacity(rows * read * block_bytes);
         for row in 0..rows {
-            for &(first, count) in ranges.iter().filter(|r| r.1 > 0) {
-                let start = t.offset + ((row * groups + first) * block_bytes) as u64;
+            for &(first, count) in &blocks {
+                let start = t.offset + ((row * groups / per + first) * block_bytes) as u64;
                 bytes.extend(self.read_at(name, start, (count * block_bytes) as u64)?);
             }
         }
-        self.affine(name, t.kind, &bytes, [rows, picked * 32], s)
+        let whole = self.affine(name, t.kind, &bytes, [rows, read * per_block], s)?;
+        if read * per == picked {
+            return Ok(whole);
+        }
+        // Whole blocks read: keep each range's groups.
+        let mut at = 0;
+        let mut parts = Vec::with_capacity(ranges.len());
+        for (&(first, count), &(b0, n)) in ranges.iter().zip(&blocks) {
+            parts.push(whole.groups(at + first - b0 * per, count, s)?);
+            at += n * per;
+        }
+        AffineWeight::concatenate_groups(&parts, s)
     }
 
     fn quantized_tensor(&self, name: &str) -> Result<(&GgufTensor, usize, usize)> {
@@ -392,9 +414,9 @@ impl GgufFile {
                 t.shape
             )));
         };
-        if !matches!(t.kind, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+        if t.kind.affine_bits().is_none() {
             return Err(self.error(format!(
-                "tensor `{name}` is {:?}; only Q8_0, Q4_0 and Q4_1 stay quantized (read it with `read_rows`)",
+                "tensor `{name}` is {:?}; only Q8_0, Q4_0, Q4_1, Q4_K and Q5_K stay quantized (read it with `read_rows`)",
                 t.kind
             )));
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use safemlx::{Array, Stream};
 
-use super::{GgmlType, GgufFile, TensorSource};
+use super::{GgufFile, TensorSource};
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
 
@@ -122,6 +122,32 @@ impl GgufWeights {
         })
     }
 
+    /// One line on the 2-D tensors a quantized load reads as `float32`:
+    /// those whose type has no MLX affine form (Q2_K, Q3_K and Q6_K's
+    /// 16-value sub-blocks, MXFP4's power-of-two scales); `None` when
+    /// every quantized tensor stays quantized.
+    pub fn dequantized_note(&self) -> Option<String> {
+        let mut by_type = std::collections::BTreeMap::<String, (usize, &str)>::new();
+        for (name, t) in self.file.tensors() {
+            if t.shape.len() == 2 && t.kind.block().0 > 1 && t.kind.affine_bits().is_none() {
+                by_type
+                    .entry(format!("{:?}", t.kind))
+                    .or_insert((0, name))
+                    .0 += 1;
+            }
+        }
+        let listed: Vec<String> = by_type
+            .iter()
+            .map(|(kind, (count, first))| format!("{count} {kind} tensors (e.g. `{first}`)"))
+            .collect();
+        (!listed.is_empty()).then(|| {
+            format!(
+                "dequantizing {} to float32 as they are read: those types have no MLX affine form (groups of 32, 64 or 128 with one scale and bias); Q8_0, Q4_0, Q4_1, Q4_K and Q5_K stay quantized",
+                listed.join(", ")
+            )
+        })
+    }
+
     /// Checks that `ranges` of a reordered q/k tensor are whole heads.
     fn whole_heads(&self, name: &str, ranges: &[(usize, usize)], head_dim: usize) -> Result<()> {
         if ranges
@@ -229,8 +255,9 @@ impl TensorSource for GgufWeights {
 }
 
 /// A GGUF file's tensors under the file's own names
-/// (`blk.0.attn_q.weight`): 2-D `Q8_0`, `Q4_0` and `Q4_1` tensors stay
-/// quantized (MLX affine, groups of 32), the others read as `float32`.
+/// (`blk.0.attn_q.weight`): 2-D `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K` and `Q5_K`
+/// tensors stay quantized (MLX affine, groups of 32), the others read as
+/// `float32`.
 impl TensorSource for GgufFile {
     fn path(&self) -> &Path {
         GgufFile::path(self)
@@ -255,11 +282,7 @@ impl TensorSource for GgufFile {
     }
     fn quantization(&self, name: &str) -> Option<(usize, usize)> {
         let t = self.tensor(name).ok()?;
-        let bits = match t.kind {
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q4_0 | GgmlType::Q4_1 => 4,
-            _ => return None,
-        };
+        let bits = t.kind.affine_bits()?;
         (t.shape.len() == 2).then_some((32, bits))
     }
     fn read_quantized_rows(

@@ -37,6 +37,7 @@ mod gguf;
 mod gguf_header;
 mod gguf_weights;
 mod hf;
+mod kquants;
 mod one_dtype;
 mod safetensors;
 mod safetensors_source;

@@ -76,6 +76,18 @@ pub enum Storage {
     FloatUpTo(u64),
 }
 
+impl Storage {
+    /// Whether quantized tensors of the model `config` describes stay
+    /// quantized.
+    pub fn keeps_quantized(self, config: &LlamaConfig) -> bool {
+        match self {
+            Self::AsStored => true,
+            Self::Dequantized => false,
+            Self::FloatUpTo(limit) => config.float_bytes() > limit,
+        }
+    }
+}
+
 /// How a model is loaded.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LoadOptions {
@@ -153,11 +165,7 @@ fn load_part(
     s: &Stream,
 ) -> Result<Loaded> {
     let load = |source: &dyn TensorSource, config: LlamaConfig| {
-        let dequantize = match options.weights {
-            Storage::AsStored => false,
-            Storage::Dequantized => true,
-            Storage::FloatUpTo(limit) => config.float_bytes() <= limit,
-        };
+        let dequantize = !options.weights.keeps_quantized(&config);
         let stage = match stage {
             Some((split, index)) => Stage::of(split, index, config.layers)?,
             None => Stage::whole(config.layers),
@@ -187,6 +195,11 @@ fn load_part(
         let file = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (config, source) = Llama::gguf_weights(file, s)?;
+        let keeps = options.weights.keeps_quantized(&config);
+        let note = source.dequantized_note().filter(|_| keeps);
+        if let Some(note) = note.filter(|_| group.rank() == 0) {
+            eprintln!("model {}: {note}", path.display());
+        }
         let model = load(&source, config)?;
         // A stage reads only its own tensors.
         if model.stage().is_whole() {
