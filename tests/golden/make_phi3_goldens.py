@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""A tiny random Phi-3 (fused qkv_proj and gate_up_proj) and its logits
+"""Tiny random Phi-3s (fused qkv_proj and gate_up_proj) and their logits
 from mlx-lm, as `make_llama_goldens.py` does for the Llama family.
 
-Writes tests/golden/llama/phi3-fused/ (config.json, model.safetensors) and
+Writes tests/golden/llama/CASE/ (config.json, model.safetensors) and
 golden.safetensors ("tokens" I32, mlx-lm's "logits" F32 [T, V]). The Rust
-tests load it with safemlx-dist at 1-4 ranks and compare. 6 query heads
-over 3 KV heads: uneven at 2 ranks, a KV head shared at 4; the MLP's 80
-hidden columns are uneven at 3.
+tests load them with safemlx-dist at 1-4 ranks and compare.
+
+- phi3-fused: 6 query heads over 3 KV heads (uneven at 2 ranks, a KV head
+  shared at 4); the MLP's 80 hidden columns are uneven at 3.
+- phi4-mini-longrope: Phi-4-mini's form, 3/4 of each head rotated
+  (`partial_rotary_factor` 0.75) with LongRoPE (`rope_scaling` type
+  `longrope`, 128k over an original 4k: mlx-lm's `SuScaledRoPE`), tied
+  embeddings.
 
 Run once, commit the output; CI needs no Python:
 
@@ -22,10 +27,18 @@ from safetensors.numpy import save_file
 
 from make_llama_goldens import BASE, PROMPT, write
 
-CASE = "phi3-fused"
-CONFIG = {**BASE, "model_type": "phi3", "num_attention_heads": 6,
-          "num_key_value_heads": 3, "tie_word_embeddings": False,
-          "original_max_position_embeddings": 4096}
+PHI3 = {**BASE, "model_type": "phi3", "num_attention_heads": 6,
+        "num_key_value_heads": 3, "tie_word_embeddings": False,
+        "original_max_position_embeddings": 4096}
+# head_dim 16, 12 rotated dimensions: 6 pairs, each with its factor.
+PHI4 = {**BASE, "model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "tie_word_embeddings": True,
+        "partial_rotary_factor": 0.75, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "longrope",
+                         "long_factor": [1.0, 1.2, 2.5, 4.0, 9.0, 16.0],
+                         "short_factor": [1.0, 1.0, 1.1, 1.2, 1.5, 2.0]}}
+CASES = {"phi3-fused": (PHI3, 100), "phi4-mini-longrope": (PHI4, 101)}
 
 
 def weights(config, rng):
@@ -37,8 +50,9 @@ def weights(config, rng):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     t = {"model.embed_tokens.weight": w(v, d, scale=0.15),
-         "model.norm.weight": 1.0 + w(d, scale=0.1),
-         "lm_head.weight": w(v, d)}
+         "model.norm.weight": 1.0 + w(d, scale=0.1)}
+    if not config["tie_word_embeddings"]:
+        t["lm_head.weight"] = w(v, d)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = 1.0 + w(d, scale=0.1)
@@ -53,12 +67,14 @@ def weights(config, rng):
 
 
 def main():
-    path = write(CASE, CONFIG, weights(CONFIG, np.random.default_rng(100)))
-    model, _ = load_model(path)
-    logits = model(mx.array([PROMPT]))[0].astype(mx.float32)
-    golden = {"tokens": np.array(PROMPT, dtype=np.int32), "logits": np.array(logits)}
-    save_file(golden, path / "golden.safetensors")
-    print(f"{CASE}: logits {golden['logits'].shape}, argmax {golden['logits'].argmax(-1).tolist()}")
+    for case, (config, seed) in CASES.items():
+        path = write(case, config, weights(config, np.random.default_rng(seed)))
+        model, _ = load_model(path)
+        logits = model(mx.array([PROMPT]))[0].astype(mx.float32)
+        golden = {"tokens": np.array(PROMPT, dtype=np.int32), "logits": np.array(logits)}
+        save_file(golden, path / "golden.safetensors")
+        print(f"{case}: logits {golden['logits'].shape}, "
+              f"argmax {golden['logits'].argmax(-1).tolist()}")
 
 
 if __name__ == "__main__":

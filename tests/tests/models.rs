@@ -19,7 +19,7 @@ use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::models::check_logits;
 
 /// Every case of the golden scripts: (directory, what it covers).
-const CASES: [(&str, &str); 9] = [
+const CASES: [(&str, &str); 10] = [
     ("llama-tied-kv3", "tied embeddings, 3 KV heads"),
     (
         "llama3-kv1-sharded",
@@ -37,6 +37,10 @@ const CASES: [(&str, &str); 9] = [
     (
         "phi3-fused",
         "Phi-3: fused qkv_proj and gate_up_proj (make_phi3_goldens.py)",
+    ),
+    (
+        "phi4-mini-longrope",
+        "Phi-4-mini: 3/4 of each head rotated, LongRoPE, tied embeddings",
     ),
 ];
 
@@ -205,7 +209,7 @@ fn a_weight_labelled_as_integers_is_refused() {
 #[test]
 fn configuration_values_that_cannot_run_are_named() {
     let llama = "llama-tied-kv3";
-    let cases: [(&str, &str, serde_json::Value, &str); 9] = [
+    let cases: [(&str, &str, serde_json::Value, &str); 10] = [
         (
             llama,
             "rope_theta",
@@ -248,18 +252,24 @@ fn configuration_values_that_cannot_run_are_named() {
             serde_json::json!(["sliding_attention", "chunked_attention", "full_attention"]),
             "\"layer_types\" has the entry \"chunked_attention\"; supported: \"sliding_attention\", \"full_attention\"",
         ),
-        // Phi-3's forms not read here: part of each head rotated, LongRoPE.
+        // Phi-3's part of each head rotated, and LongRoPE: head_dim 8.
         (
             "phi3-fused",
             "partial_rotary_factor",
-            0.5.into(),
-            "\"partial_rotary_factor\" is 0.5; Phi-3 is read with whole heads rotated (1.0)",
+            0.2.into(),
+            "\"partial_rotary_factor\" 0.2 of head_dim 8 rotates 1 dimensions; RoPE rotates pairs, so it must be an even number above 0",
         ),
         (
             "phi3-fused",
             "rope_scaling",
             serde_json::json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}),
-            "rope scaling \"longrope\" is not supported; supported: default, linear, llama3, yarn",
+            "rope_scaling (long_factor) has 1 values; it needs one per rotated pair, 4 (8 rotated dimensions)",
+        ),
+        (
+            "phi3-fused",
+            "rope_scaling",
+            serde_json::json!({"type": "su", "short_factor": [1.0]}),
+            "rope scaling \"longrope\" has no \"long_factor\" list",
         ),
     ];
     for (case, key, value, message) in cases {

@@ -34,7 +34,7 @@ pub enum Family {
     /// optional q/k norms, dense first layers, then sigmoid-scored routed
     /// experts in groups beside shared experts (see `models/glm4_moe.rs`).
     Glm4Moe,
-    /// DeepSeek-V3 (and R1, Kimi K2): multi-head latent attention (see
+    /// DeepSeek-V3 (and R1): multi-head latent attention (see
     /// [`MlaSettings`]), dense first layers, then GLM's grouped sigmoid
     /// routing beside shared experts (see `models/deepseek_v3.rs`).
     DeepseekV3,
@@ -206,6 +206,18 @@ pub enum RopeScaling {
     /// Per-pair divisors of the frequencies, as GGUF stores Llama 3's
     /// scaling (the `rope_freqs.weight` tensor).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE (`longrope`, `su`), as mlx-lm's `SuScaledRoPE`:
+    /// each pair's wavelength multiplied by its `long_factor`, and the
+    /// rotated part of q and k by `mscale` (`long_mscale`, else `sqrt(1 +
+    /// ln(max / original) / ln(original))` of the context lengths). mlx-lm
+    /// uses the long factors at every length; Transformers uses the short
+    /// ones up to the original context.
+    LongRope {
+        /// One factor per rotated pair.
+        long_factor: Vec<f32>,
+        /// The factor on the rotated part of q and k.
+        mscale: f32,
+    },
     /// YaRN: each pair's frequency blended between interpolation (divided
     /// by `factor`) and extrapolation by a ramp between the pairs that turn
     /// `beta_fast` and `beta_slow` times over the original context, and
@@ -388,10 +400,10 @@ mod tests {
             "model m: \"hidden_size\" is \"576\", not a whole number"
         );
         let mut j = smollm2();
-        j["rope_scaling"] = serde_json::json!({"rope_type": "longrope", "factor": 4.0});
+        j["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 4.0});
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: rope scaling \"longrope\" is not supported; supported: default, linear, llama3, yarn"
+            "model m: rope scaling \"dynamic\" is not supported; supported: default, linear, llama3, yarn, longrope"
         );
         let mut j = smollm2();
         j["rope_scaling"] =

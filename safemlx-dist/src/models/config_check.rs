@@ -57,6 +57,23 @@ impl LlamaConfig {
             RopeScaling::Factors(values) => {
                 values.iter().map(|&v| ("rope_freqs.weight", v)).collect()
             }
+            RopeScaling::LongRope {
+                long_factor,
+                mscale,
+            } => {
+                if long_factor.len() != self.rotary_dim / 2 {
+                    return Err(fail(format!(
+                        "{scaling} (long_factor) has {} values; it needs one per rotated pair, {} ({} rotated dimensions)",
+                        long_factor.len(),
+                        self.rotary_dim / 2,
+                        self.rotary_dim
+                    )));
+                }
+                let mut all: Vec<(&str, f32)> =
+                    long_factor.iter().map(|&v| ("long_factor", v)).collect();
+                all.push(("long_mscale", *mscale));
+                all
+            }
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings,

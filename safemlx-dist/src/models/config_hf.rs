@@ -31,9 +31,6 @@ impl LlamaConfig {
                     Family::MODEL_TYPES.map(|(n, _)| n).join(", ")
                 ))
             })?;
-        if family == Family::Phi3 {
-            super::phi3::check_config(json).map_err(fail)?;
-        }
         let int = |k: &str| keys.int(k);
         let need = |k: &str| keys.need(k);
         let flag = |k: &str| keys.flag(k);
@@ -209,7 +206,9 @@ impl LlamaConfig {
             kv_heads,
             head_dim,
             rotary_dim: match family {
-                Family::Glm4Moe => super::glm4_moe::rotary_dim(&keys, head_dim)?,
+                // Transformers' default factors: GLM-4-MoE 0.5, Phi-3 1.
+                Family::Glm4Moe => super::config_rope::partial_rotary_dim(&keys, head_dim, 0.5)?,
+                Family::Phi3 => super::config_rope::partial_rotary_dim(&keys, head_dim, 1.0)?,
                 _ => mla.map_or(head_dim, |m| m.rope_dim),
             },
             rms_norm_eps: float("rms_norm_eps", json)?.unwrap_or(1e-6),
@@ -349,8 +348,48 @@ fn rope_scaling(r: &Value, keys: &Keys) -> Result<RopeScaling> {
                 }
             },
         }),
+        "longrope" | "su" => long_rope(r, keys),
         other => Err(fail(format!(
-            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3, yarn"
+            "rope scaling \"{other}\" is not supported; supported: default, linear, llama3, yarn, longrope"
         ))),
     }
+}
+
+/// Phi-3's LongRoPE (see [`RopeScaling::LongRope`]): its `long_factor`
+/// list, and `long_mscale` or the factor from the context lengths
+/// (`max_position_embeddings`, `original_max_position_embeddings` at the
+/// top level or in the scaling).
+fn long_rope(r: &Value, keys: &Keys) -> Result<RopeScaling> {
+    let fail = |m: String| keys.fail(m);
+    let long_factor = r
+        .get("long_factor")
+        .and_then(Value::as_array)
+        .ok_or_else(|| fail("rope scaling \"longrope\" has no \"long_factor\" list".to_owned()))?
+        .iter()
+        .map(|v| v.as_f64().map(|f| f as f32))
+        .collect::<Option<Vec<f32>>>()
+        .ok_or_else(|| {
+            fail("rope scaling \"long_factor\" holds a value that is not a number".to_owned())
+        })?;
+    let context = |key: &str| -> Result<Option<f32>> {
+        match keys.float(key, r)? {
+            Some(v) => Ok(Some(v)),
+            None => keys.float(key, keys.json),
+        }
+    };
+    let mscale = match keys.float("long_mscale", r)? {
+        Some(m) => m,
+        None => {
+            let max = context("max_position_embeddings")?.unwrap_or(4096.0);
+            let original = context("original_max_position_embeddings")?.unwrap_or(max);
+            match max / original {
+                ratio if ratio <= 1.0 => 1.0,
+                ratio => (1.0 + ratio.ln() / original.ln()).sqrt(),
+            }
+        }
+    };
+    Ok(RopeScaling::LongRope {
+        long_factor,
+        mscale,
+    })
 }

@@ -3,6 +3,8 @@
 //! softmax scale.
 
 use super::config::{LlamaConfig, RopeScaling};
+use super::config_keys::Keys;
+use crate::error::Result;
 
 impl LlamaConfig {
     /// The softmax scale of attention: `1 / sqrt(head_dim)`, and with
@@ -25,8 +27,12 @@ impl LlamaConfig {
 
     /// The factor YaRN puts on the rotated part of q and k:
     /// `m(mscale) / m(mscale_all_dim)` with `m(x) = 0.1 x ln(factor) + 1`
-    /// (1 when `factor <= 1`); 1 for the other scalings.
+    /// (1 when `factor <= 1`); LongRoPE's `mscale`; 1 for the other
+    /// scalings.
     pub fn rope_mscale(&self) -> f32 {
+        if let RopeScaling::LongRope { mscale, .. } = self.rope_scaling {
+            return mscale;
+        }
         let RopeScaling::Yarn {
             factor,
             mscale,
@@ -43,8 +49,8 @@ impl LlamaConfig {
         m(mscale) / m(mscale_all_dim)
     }
 
-    /// RoPE frequencies for Llama 3 and YaRN scaling (`None` for the
-    /// others): the wavelength divisor of each rotated pair, as
+    /// RoPE frequencies for Llama 3, YaRN and LongRoPE scaling (`None` for
+    /// the others): the wavelength divisor of each rotated pair, as
     /// `fast::rope` takes them.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {
         let dims = self.rotary_dim as f32;
@@ -86,7 +92,12 @@ impl LlamaConfig {
                     .collect(),
             );
         }
-        if let RopeScaling::Factors(factors) = &self.rope_scaling {
+        if let RopeScaling::Factors(factors)
+        | RopeScaling::LongRope {
+            long_factor: factors,
+            ..
+        } = &self.rope_scaling
+        {
             return Some(
                 factors
                     .iter()
@@ -124,6 +135,31 @@ impl LlamaConfig {
                 .collect(),
         )
     }
+}
+
+/// The dimensions of each head RoPE rotates: `head_dim *
+/// partial_rotary_factor` (`default` when the key is absent), rounded down
+/// as mlx-lm does.
+///
+/// # Errors
+/// A factor outside (0, 1], or one that leaves an odd or empty rotated
+/// part; the message names the key, its value and the head dimension.
+pub(super) fn partial_rotary_dim(keys: &Keys, head_dim: usize, default: f32) -> Result<usize> {
+    let factor = keys
+        .float("partial_rotary_factor", keys.json)?
+        .unwrap_or(default);
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(keys.fail(format!(
+            "\"partial_rotary_factor\" is {factor}; it must be above 0 and at most 1"
+        )));
+    }
+    let dims = (head_dim as f64 * f64::from(factor)) as usize;
+    if dims == 0 || dims % 2 != 0 {
+        return Err(keys.fail(format!(
+            "\"partial_rotary_factor\" {factor} of head_dim {head_dim} rotates {dims} dimensions; RoPE rotates pairs, so it must be an even number above 0"
+        )));
+    }
+    Ok(dims)
 }
 
 #[cfg(test)]

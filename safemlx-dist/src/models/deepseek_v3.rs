@@ -1,4 +1,4 @@
-//! DeepSeek-V3 (`model_type` `deepseek_v3`: DeepSeek-V3, R1, Kimi K2):
+//! DeepSeek-V3 (`model_type` `deepseek_v3`: DeepSeek-V3, R1; not yet `kimi_k2`):
 //! the Llama decoder (`models/llama.rs`, which reads this file's settings
 //! and names) with multi-head latent attention
 //! ([`MlaAttention`](crate::nn::MlaAttention)) and GLM-4-MoE's routing, as

@@ -109,31 +109,6 @@ pub(super) fn moe_settings(keys: &Keys, family: &str) -> Result<MoeSettings> {
     })
 }
 
-/// The dimensions of each head RoPE rotates: `head_dim *
-/// partial_rotary_factor` (Transformers' default factor for GLM-4-MoE is
-/// 0.5), rounded down as mlx-lm does.
-///
-/// # Errors
-/// A factor outside (0, 1], or one that leaves an odd or empty rotated
-/// part; the message names the key, its value and the head dimension.
-pub(super) fn rotary_dim(keys: &Keys, head_dim: usize) -> Result<usize> {
-    let factor = keys
-        .float("partial_rotary_factor", keys.json)?
-        .unwrap_or(0.5);
-    if !(factor > 0.0 && factor <= 1.0) {
-        return Err(keys.fail(format!(
-            "\"partial_rotary_factor\" is {factor}; it must be above 0 and at most 1"
-        )));
-    }
-    let dims = (head_dim as f64 * f64::from(factor)) as usize;
-    if dims == 0 || dims % 2 != 0 {
-        return Err(keys.fail(format!(
-            "\"partial_rotary_factor\" {factor} of head_dim {head_dim} rotates {dims} dimensions; RoPE rotates pairs, so it must be an even number above 0"
-        )));
-    }
-    Ok(dims)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::config::{Family, LlamaConfig};

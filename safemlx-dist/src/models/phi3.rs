@@ -11,27 +11,13 @@
 //! Everything else (names, norms, RoPE, the tied or untied head) is
 //! Llama's. Each rank reads only its heads' rows of each third of
 //! `qkv_proj` and its hidden rows of each half of `gate_up_proj`, so the
-//! fused tensors are split exactly as the separate ones are. LongRoPE
-//! (`rope_scaling` of type `longrope` or `su`, the 128k form) is refused
-//! by the configuration reader with the supported scalings named.
-
-use serde_json::Value;
+//! fused tensors are split exactly as the separate ones are. Phi-4-mini
+//! and the long-context forms rotate part of each head
+//! (`partial_rotary_factor`) with LongRoPE (`rope_scaling` of type
+//! `longrope` or `su`: per-pair factors and a factor on q and k, as
+//! mlx-lm's `SuScaledRoPE`; see `config_rope.rs`).
 
 use crate::nn::{AttentionNames, GateUp, MlpNames, Qkv};
-
-/// What a Phi-3 `config.json` may say that the Llama reader does not
-/// read: a rotation of part of each head.
-///
-/// # Errors
-/// A `partial_rotary_factor` other than 1, named with its value.
-pub(super) fn check_config(json: &Value) -> std::result::Result<(), String> {
-    match json.get("partial_rotary_factor").and_then(Value::as_f64) {
-        Some(f) if f != 1.0 => Err(format!(
-            "\"partial_rotary_factor\" is {f}; Phi-3 is read with whole heads rotated (1.0)"
-        )),
-        _ => Ok(()),
-    }
-}
 
 /// A layer's attention under `self_attn`: q, k and v in `qkv_proj`.
 pub(super) const ATTENTION: AttentionNames = AttentionNames {
