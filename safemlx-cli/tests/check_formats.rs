@@ -3,8 +3,8 @@
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
 //! stored: the experts stay quantized) and GGUF K-quants made by llama.cpp
-//! (Q4_K_M), in both expert placements, as pipeline stages and with a
-//! weighted split. The check states the
+//! (Q4_K_M), and DeepSeek's FP8 release layout, in both expert
+//! placements, as pipeline stages and with a weighted split. The check states the
 //! dtype's bound and passes: the logits stay within it of one process and
 //! the greedy tokens agree (or part only at a near-tie of one process).
 
@@ -127,6 +127,19 @@ fn generate_check_on_llama_cpp_k_quants_passes_split_and_staged() {
         assert!(
             out.contains("dequantizing 3 Q6_K tensors (e.g. `blk.1.attn_v.weight`) to float32 as they are read"),
             "{out}"
+        );
+    }
+}
+
+#[test]
+fn generate_check_on_an_fp8_deepseek_v3_passes_in_both_placements() {
+    let fp8 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/fp8/deepseek-v3");
+    for (ranks, experts) in [("2", "parallel"), ("4", "tensor-parallel")] {
+        check(
+            &fp8,
+            ranks,
+            &["--experts", experts],
+            "bound 1e-4 for float32",
         );
     }
 }

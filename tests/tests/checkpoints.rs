@@ -113,10 +113,10 @@ fn bad_files_are_named_with_what_is_wrong() {
     assert_eq!(
         open_error(&crafted(
             "fp8",
-            r#"{"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}}"#,
+            r#"{"w":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[0,2]}}"#,
             2
         )),
-        "checkpoint FILE: tensor `w` has dtype F8_E4M3, which safemlx-dist does not read; supported: BOOL, U8, U16, U32, U64, I8, I16, I32, I64, F16, BF16, F32"
+        "checkpoint FILE: tensor `w` has dtype F8_E5M2, which safemlx-dist does not read; supported: BOOL, U8, U16, U32, U64, I8, I16, I32, I64, F16, BF16, F32, F8_E4M3"
     );
     assert_eq!(
         open_error(&crafted(

@@ -43,6 +43,24 @@ pub(super) trait Stored {
     /// naming the tensor when it is not one (or not readable as one).
     fn affine_to_read(&self, name: &str) -> Result<Affine>;
 
+    /// Whether `name` is stored in a form read only as floats (FP8 with
+    /// block scales).
+    fn reads_as_floats(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+    /// Ranges along `axis` of such a tensor as floats; `None` for the
+    /// others.
+    fn floats_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Option<Result<Array>> {
+        let _ = (name, axis, ranges, s);
+        None
+    }
     /// The stored shape of `name`.
     fn stored_shape(&self, name: &str) -> Result<Vec<i32>> {
         Ok(self.stored_info(name)?.shape.clone())
@@ -79,6 +97,12 @@ macro_rules! affine_tensor_source {
                 name: &str,
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<safemlx::Array> {
+                if self.reads_as_floats(name) {
+                    let rows = self.stored_shape(name)?.first().copied().unwrap_or(0);
+                    if let Some(read) = self.floats_along(name, 0, &[(0, rows as usize)], s) {
+                        return read;
+                    }
+                }
                 if self.affine(name).is_none() {
                     return self.stored_read(name, s);
                 }
@@ -93,6 +117,9 @@ macro_rules! affine_tensor_source {
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<safemlx::Array> {
+                if let Some(read) = self.floats_along(name, 0, ranges, s) {
+                    return read;
+                }
                 if self.affine(name).is_none() {
                     return self.stored_rows(name, ranges, s);
                 }
@@ -106,6 +133,9 @@ macro_rules! affine_tensor_source {
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<safemlx::Array> {
+                if let Some(read) = self.floats_along(name, 1, ranges, s) {
+                    return read;
+                }
                 if self.affine(name).is_none() {
                     return self.stored_columns(name, ranges, s);
                 }
@@ -119,6 +149,9 @@ macro_rules! affine_tensor_source {
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<safemlx::Array> {
                 let source: &dyn $crate::checkpoint::TensorSource = self;
+                if let Some(read) = self.floats_along(name, axis, ranges, s) {
+                    return read;
+                }
                 match (self.affine(name), axis) {
                     (None, _) => self.stored_along(name, axis, ranges, s),
                     (Some(_), 0) => source.read_rows(name, ranges, s),
@@ -132,6 +165,9 @@ macro_rules! affine_tensor_source {
                 self.affine(name).map(|a| (a.group_size, a.bits))
             }
             fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
+                if self.reads_as_floats(name) {
+                    return None;
+                }
                 match self.affine(name) {
                     Some(_) => None,
                     None => self.stored_info(name).ok().map(|i| i.dtype),

@@ -18,6 +18,9 @@ pub struct TensorInfo {
     pub dtype: Dtype,
     /// Shape (empty for a scalar).
     pub shape: Vec<i32>,
+    /// Stored as `F8_E4M3` (FP8 with 4 exponent and 3 mantissa bits), whose
+    /// bytes read as `uint8` (`dtype`); see `checkpoint/fp8.rs`.
+    pub float8: bool,
     /// Byte range in the data section, `[begin, end)`.
     pub(super) begin: u64,
     pub(super) end: u64,
@@ -56,7 +59,7 @@ pub(super) fn dtype_name(dtype: Dtype) -> Option<&'static str> {
 }
 
 fn supported() -> String {
-    DTYPES.map(|(n, _)| n).join(", ")
+    DTYPES.map(|(n, _)| n).join(", ") + ", F8_E4M3"
 }
 
 pub(super) fn item_size(dtype: Dtype) -> usize {
@@ -176,10 +179,13 @@ fn tensor(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {
     let dtype_text = field("dtype")?
         .as_str()
         .ok_or("has a dtype that is not a string")?;
+    // FP8 bytes read as uint8 (MLX has no FP8 type): see `fp8.rs`.
+    let float8 = dtype_text == "F8_E4M3";
     let dtype = DTYPES
         .iter()
         .find(|(n, _)| *n == dtype_text)
         .map(|(_, d)| *d)
+        .or(float8.then_some(Dtype::Uint8))
         .ok_or_else(|| {
             format!(
                 "has dtype {dtype_text}, which safemlx-dist does not read; supported: {}",
@@ -222,6 +228,7 @@ fn tensor(entry: &Value, data_len: u64) -> Result<TensorInfo, String> {
     Ok(TensorInfo {
         dtype,
         shape,
+        float8,
         begin,
         end,
     })

@@ -186,6 +186,34 @@ impl HfDirectory {
     }
 }
 
+impl HfDirectory {
+    /// An FP8 weight (`F8_E4M3`) with its `_scale_inv` beside it, in the
+    /// tiles of `quantization_config`'s `weight_block_size` ([128, 128]
+    /// when absent).
+    fn block_scaled(&self, name: &str) -> Option<super::fp8::BlockScaled> {
+        if !self.info(name).ok()?.float8 {
+            return None;
+        }
+        let scales = format!("{name}_scale_inv");
+        if !self.contains(&scales) {
+            return None;
+        }
+        let block = self.config()["quantization_config"]["weight_block_size"]
+            .as_array()
+            .and_then(|b| match b.as_slice() {
+                [r, c] => Some([r.as_u64()? as usize, c.as_u64()? as usize]),
+                _ => None,
+            })
+            .filter(|b| b[0] > 0 && b[1] > 0)
+            .unwrap_or([128, 128]);
+        Some(super::fp8::BlockScaled {
+            weight: name.to_owned(),
+            scales,
+            block,
+        })
+    }
+}
+
 /// A name without directory parts: the index may not point outside.
 fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && !name.contains('/') && name != "." && name != ".."
@@ -239,6 +267,19 @@ impl Stored for HfDirectory {
             group_size: get("group_size")?,
             bits: get("bits")?,
         })
+    }
+
+    fn reads_as_floats(&self, name: &str) -> bool {
+        self.block_scaled(name).is_some()
+    }
+    fn floats_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Option<Result<Array>> {
+        Some(self.block_scaled(name)?.along(self, axis, ranges, s))
     }
 
     /// An error for a float tensor or a quantization mode other than

@@ -32,6 +32,7 @@
 mod affine;
 mod bytes;
 mod format;
+mod fp8;
 mod ggml;
 mod gguf;
 mod gguf_header;
