@@ -43,6 +43,7 @@ pub mod models;
 pub mod nn;
 pub mod optim;
 mod runtime;
+pub mod tiktoken;
 pub mod tokenizer;
 pub mod train;
 pub mod typed;

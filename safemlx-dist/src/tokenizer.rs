@@ -42,11 +42,6 @@ impl Tokenizer {
     /// # Errors
     /// A missing or invalid `tokenizer.json`.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("tokenizer.json");
-        let text = read_text(&path, "tokenizer JSON")?;
-        let inner: tokenizers::Tokenizer = text
-            .parse()
-            .map_err(|e| model_error(&path, format!("cannot read the tokenizer: {e}")))?;
         // Optional files: absent is fine; present, they must be regular
         // files (a FIFO would hang the read).
         let optional = |name: &str| -> Result<Option<String>> {
@@ -59,6 +54,21 @@ impl Tokenizer {
         let config: serde_json::Value = optional("tokenizer_config.json")?
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or_default();
+        let path = dir.join("tokenizer.json");
+        let tiktoken = dir.join("tiktoken.model");
+        let inner = if std::fs::symlink_metadata(&path).is_err() && tiktoken.exists() {
+            // Kimi K2's vocabulary: tiktoken ranks, its split pattern,
+            // the special tokens of tokenizer_config.json.
+            crate::tiktoken::tokenizer(
+                &tiktoken,
+                crate::tiktoken::KIMI_PATTERN,
+                &added_tokens(&config),
+            )?
+        } else {
+            read_text(&path, "tokenizer JSON")?
+                .parse()
+                .map_err(|e| model_error(&path, format!("cannot read the tokenizer: {e}")))?
+        };
         let chat_template = match config.get("chat_template").and_then(|t| t.as_str()) {
             Some(template) => Some(template.to_owned()),
             None => optional("chat_template.jinja")?,
@@ -377,4 +387,20 @@ impl TextStream<'_> {
         self.shown = text.len();
         Ok(new)
     }
+}
+/// The special tokens of a `tokenizer_config.json`'s
+/// `added_tokens_decoder` (`{"id": {"content": ..}}`), with their ids.
+fn added_tokens(config: &serde_json::Value) -> Vec<(String, u32)> {
+    let Some(added) = config
+        .get("added_tokens_decoder")
+        .and_then(|a| a.as_object())
+    else {
+        return Vec::new();
+    };
+    let mut tokens: Vec<(String, u32)> = added
+        .iter()
+        .filter_map(|(id, t)| Some((t.get("content")?.as_str()?.to_owned(), id.parse().ok()?)))
+        .collect();
+    tokens.sort_by_key(|t| t.1);
+    tokens
 }

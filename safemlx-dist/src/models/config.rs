@@ -46,7 +46,7 @@ pub enum Family {
 
 impl Family {
     /// The `model_type` values read, and their family.
-    pub const MODEL_TYPES: [(&'static str, Family); 11] = [
+    pub const MODEL_TYPES: [(&'static str, Family); 12] = [
         ("llama", Family::Llama),
         ("mistral", Family::Mistral),
         ("qwen2", Family::Qwen2),
@@ -57,6 +57,8 @@ impl Family {
         ("phi3", Family::Phi3),
         ("glm4_moe", Family::Glm4Moe),
         ("deepseek_v3", Family::DeepseekV3),
+        // Kimi K2: DeepSeek-V3's model (as mlx-lm maps it).
+        ("kimi_k2", Family::DeepseekV3),
         ("gpt_oss", Family::GptOss),
     ];
 }
@@ -385,7 +387,7 @@ mod tests {
         j["model_type"] = "gpt2".into();
         assert_eq!(
             LlamaConfig::from_hf(&j, "m").unwrap_err().to_string(),
-            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe, deepseek_v3, gpt_oss"
+            "model m: model_type \"gpt2\" is not a Llama-family model read here; supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, phi3, glm4_moe, deepseek_v3, kimi_k2, gpt_oss"
         );
         let mut j = smollm2();
         j["num_key_value_heads"] = 2.into();
