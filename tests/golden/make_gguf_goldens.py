@@ -65,12 +65,29 @@ def llama3_factors(config):
     return np.array(factors, dtype=np.float32)
 
 
-def write_model(case, arch):
-    config = json.loads((HERE / "llama" / case / "config.json").read_text())
-    tensors = {}
-    for file in sorted((HERE / "llama" / case).glob("model*.safetensors")):
-        tensors.update(load_file(file))
-    w = gguf.GGUFWriter(OUT / f"{case}.gguf", arch)
+NAMES = {"model.embed_tokens.weight": "token_embd.weight",
+         "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(name):
+    """llama.cpp's name of the Hugging Face tensor `name`."""
+    if name in NAMES:
+        return NAMES[name]
+    _, _, i, rest = name.split(".", 3)
+    module, suffix = rest.rsplit(".", 1)
+    return f"blk.{i}.{LAYER[module]}.{suffix}"
+
+
+def write_gguf(path, arch, config, tensors, extra=None):
+    """A GGUF of `tensors` (Hugging Face names, float32) for `config` as
+    llama.cpp's converter writes one; `extra(writer)` adds more metadata
+    (a vocabulary)."""
+    w = gguf.GGUFWriter(path, arch)
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     w.add_block_count(config["num_hidden_layers"])
     w.add_context_length(config["max_position_embeddings"])
@@ -86,31 +103,28 @@ def write_model(case, arch):
     w.add_vocab_size(config["vocab_size"])
     w.add_bos_token_id(config["bos_token_id"])
     w.add_eos_token_id(config["eos_token_id"])
+    if extra:
+        extra(w)
     if config.get("rope_scaling", {}).get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(config))
-    names = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for name, t in sorted(tensors.items()):
-        if name in names:
-            out = names[name]
-        else:
-            _, _, i, rest = name.split(".", 3)
-            module, suffix = rest.rsplit(".", 1)
-            out = f"blk.{i}.{layer[module]}.{suffix}"
         if arch == "llama" and name.endswith("q_proj.weight"):
             t = permute(t, heads)
         if arch == "llama" and name.endswith("k_proj.weight"):
             t = permute(t, kv)
-        w.add_tensor(out, np.ascontiguousarray(t))
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_model(case, arch):
+    config = json.loads((HERE / "llama" / case / "config.json").read_text())
+    tensors = {}
+    for file in sorted((HERE / "llama" / case).glob("model*.safetensors")):
+        tensors.update(load_file(file))
+    write_gguf(OUT / f"{case}.gguf", arch, config, tensors)
 
 
 def write_quants():

@@ -32,6 +32,7 @@ from gguf import quants
 from mlx_lm.utils import load_model
 from safetensors.numpy import save_file
 
+from make_gguf_goldens import gguf_name, write_gguf
 from make_moe_goldens import tokenizer
 
 HERE = Path(__file__).parent
@@ -47,31 +48,12 @@ CONFIG = {
 }
 # llama.cpp's llama_ftype values.
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
-NAMES = {"model.embed_tokens.weight": "token_embd.weight",
-         "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-
-
-def permute(w, heads):
-    """llama.cpp's reordering of q/k rows for its interleaved RoPE."""
-    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
 
 
 def unpermute(w, heads):
+    """Undoes llama.cpp's reordering of q/k rows (`permute`)."""
     return (w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
-
-
-def gguf_name(name):
-    if name in NAMES:
-        return NAMES[name]
-    _, _, i, rest = name.split(".", 3)
-    module, suffix = rest.rsplit(".", 1)
-    return f"blk.{i}.{LAYER[module]}.{suffix}"
 
 
 def write_blocks():
@@ -118,40 +100,22 @@ def float_tensors():
 
 
 def write_f32(path, tensors):
-    c = CONFIG
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_rope_freq_base(c["rope_theta"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_vocab_size(c["vocab_size"])
-    w.add_bos_token_id(c["bos_token_id"])
-    w.add_eos_token_id(c["eos_token_id"])
-    # The MoE goldens' byte-level BPE of 320 tokens, as llama.cpp stores
-    # one (specials `<pad>`, `<s>`, `</s>` of type 3, control).
-    model = json.loads(tokenizer().to_str())["model"]
-    tokens = sorted(model["vocab"], key=model["vocab"].get)
-    assert len(tokens) <= c["vocab_size"]
-    tokens += [f"<unused{i}>" for i in range(c["vocab_size"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
-    for name, t in sorted(tensors.items()):
-        if name.endswith("q_proj.weight"):
-            t = permute(t, c["num_attention_heads"])
-        if name.endswith("k_proj.weight"):
-            t = permute(t, c["num_key_value_heads"])
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """The float model as GGUF with a byte-level vocabulary: the MoE
+    goldens' BPE of 320 tokens, as llama.cpp stores one (specials `<pad>`,
+    `<s>`, `</s>` of type 3, control)."""
+    def vocabulary(w):
+        model = json.loads(tokenizer().to_str())["model"]
+        tokens = sorted(model["vocab"], key=model["vocab"].get)
+        assert len(tokens) <= CONFIG["vocab_size"]
+        tokens += [f"<unused{i}>" for i in range(CONFIG["vocab_size"] - len(tokens))]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
+        w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                            for m in model["merges"]])
+
+    write_gguf(path, "llama", CONFIG, tensors, extra=vocabulary)
 
 
 def dequantized(path):
