@@ -4,7 +4,9 @@
 //! quantized, the router at 8 bits by a per-module entry. Loaded as stored
 //! at 1, 2 and 4 ranks in both expert placements (and a weighted 3:1
 //! split), the experts stay quantized, each rank reads only its experts or
-//! its whole groups of every expert, and the logits are mlx-lm's.
+//! its whole groups of every expert (and of 2 expert-parallel ranks each
+//! holds at most 0.6 of one process's weight bytes), and the logits are
+//! mlx-lm's.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +53,25 @@ fn load_and_check(group: &Group, case: &str, bits: usize, split: Option<Vec<u32>
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let model = &placed.loaded.model;
         assert!(model.is_quantized(), "{what}");
+        if n == 2 && split.is_none() && experts == ExpertPlacement::ExpertParallel {
+            // Each of 2 ranks holds at most 0.6 of one process's weights.
+            let whole = load_layout(
+                &Group::local(),
+                &dir,
+                LoadOptions {
+                    weights: Storage::AsStored,
+                    ..LoadOptions::default()
+                },
+                &Layout::default(),
+                &s,
+            )
+            .expect("loads whole");
+            let (mine, all) = (model.weight_bytes(), whole.loaded.model.weight_bytes());
+            assert!(
+                mine as f64 <= 0.6 * all as f64,
+                "{what}: holds {mine} of one process's {all} bytes"
+            );
+        }
         // Expert tensor parallel keeps them packed only when every rank
         // gets a whole group of the hidden dimension (Qwen3's 64 are one
         // group of 64; Mixtral's 96 are 3 of 32).
