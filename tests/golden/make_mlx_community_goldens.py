@@ -55,6 +55,24 @@ CASES = {
                           num_experts_per_tok=2, rope_theta=1000000.0,
                           sliding_window=None),
                      8, 32, 12),
+    # DeepSeek-V3 in 4 bits, groups of 32: mlx-lm splits each layer's
+    # kv_b_proj into per-head `embed_q` and `unembed_out` (quantized too),
+    # a query latent, grouped sigmoid routing, a shared expert, layer 0
+    # dense.
+    "deepseek-v3-4bit": (dict(model_type="deepseek_v3", hidden_size=128,
+                              num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=4, q_lora_rank=64,
+                              kv_lora_rank=64, qk_nope_head_dim=32,
+                              qk_rope_head_dim=16, v_head_dim=32,
+                              intermediate_size=128, moe_intermediate_size=64,
+                              n_routed_experts=8, num_experts_per_tok=2,
+                              n_group=4, topk_group=2, n_shared_experts=1,
+                              first_k_dense_replace=1, moe_layer_freq=1,
+                              routed_scaling_factor=2.5, norm_topk_prob=True,
+                              scoring_func="sigmoid", topk_method="noaux_tc",
+                              attention_bias=False, rope_theta=10000.0,
+                              rope_scaling=None),
+                         4, 32, 13),
 }
 
 

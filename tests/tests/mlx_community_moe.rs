@@ -1,7 +1,9 @@
 //! MoE directories as mlx-community ships them, made by `mlx_lm.convert
 //! -q` (`tests/golden/make_mlx_community_goldens.py`): mlx-lm's tensor
 //! names (experts stacked as `switch_mlp`), every linear layer affine
-//! quantized, the router at 8 bits by a per-module entry. Loaded as stored
+//! quantized, the router at 8 bits by a per-module entry (Qwen3), and
+//! DeepSeek-V3's `kv_b_proj` split per head into `embed_q` and
+//! `unembed_out`, quantized too (read as floats). Loaded as stored
 //! at 1, 2 and 4 ranks in both expert placements (and a weighted 3:1
 //! split), the experts stay quantized, each rank reads only its experts or
 //! its whole groups of every expert (and of 2 expert-parallel ranks each
@@ -24,10 +26,53 @@ fn golden_dir(case: &str) -> PathBuf {
         .join(case)
 }
 
-/// The cases and their bits per value.
-const CASES: [(&str, usize); 2] = [("qwen3-moe-4bit", 4), ("mixtral-8bit", 8)];
+/// A directory of the goldens.
+struct Case {
+    name: &'static str,
+    /// Bits per value and values per group.
+    bits: usize,
+    group_size: usize,
+    /// Whole groups of each expert's hidden dimension.
+    hidden_groups: usize,
+    /// Layers with routed experts.
+    moe_layers: usize,
+    /// How far above the quantized share of the float32 bytes a rank's
+    /// weights may be (DeepSeek-V3's `kv_b` is held as floats).
+    slack: f64,
+}
 
-fn load_and_check(group: &Group, case: &str, bits: usize, split: Option<Vec<u32>>) {
+/// Qwen3-MoE's 64 hidden columns are one group of 64, Mixtral's 96 three
+/// of 32, DeepSeek-V3's 64 two of 32 (its layer 0 is dense, and mlx-lm
+/// splits its `kv_b_proj` into per-head `embed_q` and `unembed_out`).
+const CASES: [Case; 3] = [
+    Case {
+        name: "qwen3-moe-4bit",
+        bits: 4,
+        group_size: 64,
+        hidden_groups: 1,
+        moe_layers: 2,
+        slack: 1.5,
+    },
+    Case {
+        name: "mixtral-8bit",
+        bits: 8,
+        group_size: 32,
+        hidden_groups: 3,
+        moe_layers: 2,
+        slack: 1.5,
+    },
+    Case {
+        name: "deepseek-v3-4bit",
+        bits: 4,
+        group_size: 32,
+        hidden_groups: 2,
+        moe_layers: 1,
+        slack: 3.0,
+    },
+];
+
+fn load_and_check(group: &Group, c: &Case, split: Option<Vec<u32>>) {
+    let (case, bits) = (c.name, c.bits);
     let s = cpu();
     let (n, rank) = (group.size(), group.rank());
     let dir = golden_dir(case);
@@ -73,21 +118,14 @@ fn load_and_check(group: &Group, case: &str, bits: usize, split: Option<Vec<u32>
             );
         }
         // Expert tensor parallel keeps them packed only when every rank
-        // gets a whole group of the hidden dimension (Qwen3's 64 are one
-        // group of 64; Mixtral's 96 are 3 of 32).
-        let groups = if case.starts_with("qwen3") { 1 } else { 3 };
+        // gets a whole group of the hidden dimension.
+        let groups = c.hidden_groups;
         let shares = split.as_ref().map_or(vec![1; n], |s| s.clone());
         let share = f64::from(shares[rank]) / f64::from(shares.iter().sum::<u32>());
         let tp = experts == ExpertPlacement::ExpertTensorParallel;
         let kept = !tp || groups >= n;
-        let (label, layers) = (
-            if bits == 4 {
-                "4-bit affine (groups of 64)"
-            } else {
-                "8-bit affine (groups of 32)"
-            },
-            2,
-        );
+        let label = format!("{bits}-bit affine (groups of {})", c.group_size);
+        let layers = c.moe_layers;
         let note = model.packed_note().unwrap_or_default();
         let want_note = match kept {
             true => format!("keeping the {label} experts of {layers} layers as stored (MLX's affine quantized matmuls)"),
@@ -99,7 +137,7 @@ fn load_and_check(group: &Group, case: &str, bits: usize, split: Option<Vec<u32>
             let float32 = model.config().float_bytes() as f64 * share;
             let held = model.weight_bytes() as f64;
             assert!(
-                held < float32 * (bits as f64 + 2.0) / 32.0 * 1.5,
+                held < float32 * (bits as f64 + 2.0) / 32.0 * c.slack,
                 "{what}: holds {held}"
             );
         }
@@ -110,8 +148,9 @@ fn load_and_check(group: &Group, case: &str, bits: usize, split: Option<Vec<u32>
             let read = placed.loaded.weights.bytes_read();
             // Expert tensor parallel: the experts (most of the bytes) by
             // whole groups, 3 over 2 ranks 2 + 1 (evenly and at 3:1).
-            let held = match (tp, n) {
-                (true, 2) => [2.0, 1.0][rank] / groups.max(1) as f64,
+            let held = match (tp, n, groups) {
+                (true, 2, 3) => [2.0, 1.0][rank] / 3.0,
+                (true, 2, 1) => 1.0,
                 _ => share,
             };
             let slack = if kept { 0.1 } else { 0.25 };
@@ -129,8 +168,8 @@ fn mlx_community_moe_directories_load_quantized_at_one_two_and_four_ranks() {
     for n in [1, 2, 4] {
         Ranks::new(n)
             .run_test(|group| {
-                for (case, bits) in CASES {
-                    load_and_check(group, case, bits, None);
+                for case in &CASES {
+                    load_and_check(group, case, None);
                 }
             })
             .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
@@ -142,6 +181,6 @@ fn mlx_community_moe_directories_load_quantized_at_one_two_and_four_ranks() {
 #[test]
 fn a_weighted_split_keeps_whole_groups() {
     Ranks::new(2)
-        .run_test(|group| load_and_check(group, "mixtral-8bit", 8, Some(vec![3, 1])))
+        .run_test(|group| load_and_check(group, &CASES[1], Some(vec![3, 1])))
         .unwrap();
 }

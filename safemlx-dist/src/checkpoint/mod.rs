@@ -44,6 +44,7 @@ mod safetensors;
 mod safetensors_source;
 mod save;
 mod source;
+mod stacked;
 mod weights;
 
 use std::fs::File;

@@ -36,6 +36,8 @@ pub(super) const ATTENTION: MlaNames = MlaNames {
     kv_a: "kv_a_proj_with_mqa",
     kv_a_norm: "kv_a_layernorm",
     kv_b: "kv_b_proj",
+    embed_q: "embed_q",
+    unembed_out: "unembed_out",
     o: "o_proj",
 };
 

@@ -82,6 +82,11 @@ pub struct MlaNames {
     /// The KV latent's up projection `[H (nope + v), r]`: each head's key
     /// rows, then its value rows.
     pub kv_b: &'static str,
+    /// mlx-lm's split of `kv_b` (see `mla_kv_b.rs`): each head's key rows
+    /// transposed, `[H, r, nope]`.
+    pub embed_q: &'static str,
+    /// ... and its value rows, `[H, v, r]`.
+    pub unembed_out: &'static str,
     /// The output projection `[D, H v]`.
     pub o: &'static str,
 }
@@ -111,8 +116,9 @@ impl MlaAttention {
     ///
     /// # Errors
     /// A missing tensor, one whose shape disagrees with the configuration
-    /// (named), or a quantized `kv_b` (absorbed into the query and the
-    /// output, it is read as floats: load the float model).
+    /// (named), or a quantized `kv_b_proj` (absorbed into the query and
+    /// the output, it is read as floats; mlx-lm's quantized split is read
+    /// dequantized).
     pub fn load(w: &Weights, names: &MlaNames, config: &MlaConfig, s: &Stream) -> Result<Self> {
         let comm = w.comm();
         let c = config;
@@ -133,25 +139,16 @@ impl MlaAttention {
                 load_rows(w, &weight(names.q), [c.heads * qk, c.dim], &rows_of(qk), s)?,
             ),
         };
-        let kv_b_name = weight(names.kv_b);
         let kv_rows = c.nope_dim + c.v_dim;
         let kv_b_shape = [c.heads * kv_rows, c.kv_lora_rank];
-        if w.quantization(&kv_b_name).is_some() {
-            return Err(Error::Model {
-                path: w.source().path().display().to_string(),
-                message: format!(
-                    "tensor `{}` is quantized; latent attention absorbs it into the queries and outputs as floats: load the float model",
-                    w.name(&kv_b_name)
-                ),
-            });
-        }
-        let (first, count) = split.query;
-        let local = w.rows(
-            &kv_b_name,
-            &kv_b_shape,
-            &[(first * kv_rows, count * kv_rows)],
-            s,
-        )?;
+        let dims = super::mla_kv_b::Dims {
+            heads: c.heads,
+            nope: c.nope_dim,
+            v: c.v_dim,
+            rank: c.kv_lora_rank,
+        };
+        let stems = [names.kv_b, names.embed_q, names.unembed_out];
+        let local = super::mla_kv_b::read(w, stems, dims, split.query, s)?;
         let global = kv_b_shape.map(|d| d as i32);
         let kv_b = ShardedArray::from_local_split(local, comm, &global, &rows_of(kv_rows))?;
         let kv_a_norm = w.full(&weight(names.kv_a_norm), &[c.kv_lora_rank], s)?;

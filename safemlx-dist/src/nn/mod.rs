@@ -19,6 +19,7 @@ mod head_split;
 pub mod kv_cache;
 mod load_linear;
 mod mla;
+mod mla_kv_b;
 mod mla_slots;
 mod mlp;
 mod moe;

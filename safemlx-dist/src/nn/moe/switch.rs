@@ -12,8 +12,7 @@
 //! rank no group (MLX's kernels take no empty matrix) they are dequantized
 //! to float32 as they are read, and the layer says why.
 
-use safemlx::ops::{dequantize_with_mode, QuantizationMode};
-use safemlx::{Array, Dtype, Stream};
+use safemlx::{Array, Stream};
 
 use super::config::ExpertPlacement;
 use super::packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
@@ -140,29 +139,9 @@ fn read_float(
     let (cut, split) = cuts(w, (e, h), placement, 1);
     let read = |i: usize| -> Result<Array> {
         let (axis, range) = cut[i];
-        let stored = match w.quantization(&names[i]) {
-            None => w.along((&names[i], false), &shapes[i], axis, &[range], s)?,
-            Some((group_size, bits)) => {
-                // Rounded out to whole groups, dequantized, then cut.
-                let (first, count) = range;
-                let g = if axis == 2 { group_size } else { 1 };
-                let (a, b) = (first / g * g, (first + count).div_ceil(g) * g);
-                let [packed, scales, biases] =
-                    w.packed_along(&names[i], &shapes[i], axis, &[(a, b - a)], s)?;
-                let values = dequantize_with_mode(
-                    &packed,
-                    &scales,
-                    Some(&biases),
-                    group_size as i32,
-                    bits as i32,
-                    QuantizationMode::Affine,
-                    s,
-                )?;
-                crate::runtime::slice_axis(&values, axis, first - a, count, s)?
-            }
-        };
+        let stored = w.floats_along(&names[i], &shapes[i], axis, range, s)?;
         // As the float experts are held: input rows by output columns.
-        Ok(stored.swap_axes(1, 2, s)?.as_dtype(Dtype::Float32, s)?)
+        Ok(stored.swap_axes(1, 2, s)?)
     };
     let group = w.comm();
     let (ei, hi, di) = (e as i32, h as i32, d as i32);
