@@ -78,7 +78,7 @@ fn gguf_blocks_are_mlx_affine_weights_with_the_gguf_packages_values() {
         .expect_err("f16 has no quantized form")
         .to_string();
     assert!(
-        error.ends_with("tensor `f16` is F16; only Q8_0, Q4_0 and Q4_1 stay quantized (read it with `read_rows`)"),
+        error.ends_with("tensor `f16` is F16; only Q8_0, Q4_0, Q4_1, Q4_K and Q5_K stay quantized (read it with `read_rows`)"),
         "{error}"
     );
 }
