@@ -3,7 +3,7 @@
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
 //! stored: the experts stay quantized) and GGUF K-quants made by llama.cpp
-//! (Q4_K_M), and DeepSeek's FP8 release layout, in both expert
+//! (Q4_K_M, and a Mixtral GGUF with stacked experts), and DeepSeek's FP8 release layout, in both expert
 //! placements, as pipeline stages and with a weighted split. The check states the
 //! dtype's bound and passes: the logits stay within it of one process and
 //! the greedy tokens agree (or part only at a near-tie of one process).
@@ -126,6 +126,24 @@ fn generate_check_on_llama_cpp_k_quants_passes_split_and_staged() {
         let out = check(&file, ranks, args, "bound 1e-4 for float32");
         assert!(
             out.contains("dequantizing 3 Q6_K tensors (e.g. `blk.1.attn_v.weight`) to float32 as they are read"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn generate_check_on_a_llama_cpp_moe_passes_in_both_placements() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/gguf");
+    let file = gguf.join("moe-mixtral-Q4_K_M.gguf");
+    for (ranks, experts) in [("2", "tensor-parallel"), ("4", "parallel")] {
+        let out = check(
+            &file,
+            ranks,
+            &["--experts", experts],
+            "bound 1e-4 for float32",
+        );
+        assert!(
+            out.contains("keeping the 4-bit affine (groups of 32) experts of 1 layers as stored"),
             "{out}"
         );
     }

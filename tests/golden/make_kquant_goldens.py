@@ -99,23 +99,26 @@ def float_tensors():
     return t
 
 
-def write_f32(path, tensors):
-    """The float model as GGUF with a byte-level vocabulary: the MoE
-    goldens' BPE of 320 tokens, as llama.cpp stores one (specials `<pad>`,
-    `<s>`, `</s>` of type 3, control)."""
-    def vocabulary(w):
-        model = json.loads(tokenizer().to_str())["model"]
-        tokens = sorted(model["vocab"], key=model["vocab"].get)
-        assert len(tokens) <= CONFIG["vocab_size"]
-        tokens += [f"<unused{i}>" for i in range(CONFIG["vocab_size"] - len(tokens))]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
-        w.add_token_merges([m if isinstance(m, str) else " ".join(m)
-                            for m in model["merges"]])
+def vocabulary(w, size):
+    """A byte-level vocabulary of `size` tokens: the MoE goldens' BPE of
+    320 tokens padded, as llama.cpp stores one (specials `<pad>`, `<s>`,
+    `</s>` of type 3, control)."""
+    model = json.loads(tokenizer().to_str())["model"]
+    tokens = sorted(model["vocab"], key=model["vocab"].get)
+    assert len(tokens) <= size
+    tokens += [f"<unused{i}>" for i in range(size - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i < 3 else 1 for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in model["merges"]])
 
-    write_gguf(path, "llama", CONFIG, tensors, extra=vocabulary)
+
+def write_f32(path, tensors):
+    """The float model as GGUF with a byte-level vocabulary."""
+    write_gguf(path, "llama", CONFIG, tensors,
+               extra=lambda w: vocabulary(w, CONFIG["vocab_size"]))
 
 
 def dequantized(path):

@@ -27,27 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use safemlx::{Array, Stream};
 
 use super::ggml::{dequantize, to_affine, GgmlType};
-use super::gguf_header::{GgufValue, Header};
+use super::gguf_header::{tensor_info, GgufTensor, GgufValue, Header};
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
-
-/// Where a tensor is and what it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GgufTensor {
-    /// Its type.
-    pub kind: GgmlType,
-    /// Row-major shape (GGUF's dimensions reversed: `[out, in]` for a weight).
-    pub shape: Vec<i32>,
-    offset: u64,
-    nbytes: u64,
-}
-
-impl GgufTensor {
-    /// Bytes of the tensor in the file.
-    pub fn nbytes(&self) -> u64 {
-        self.nbytes
-    }
-}
 
 /// An open GGUF file: metadata and tensor table parsed and checked, tensors
 /// read on demand.
@@ -199,7 +181,7 @@ impl GgufFile {
         self.bytes_read.load(Ordering::Relaxed)
     }
 
-    fn error(&self, message: String) -> Error {
+    pub(super) fn error(&self, message: String) -> Error {
         Error::Checkpoint {
             path: self.path.display().to_string(),
             message,
@@ -258,6 +240,23 @@ impl GgufFile {
             }
         }
         let (rows, row_len) = rows_of(&t.shape, t.kind);
+        let values = self.row_values(name, t, (rows, row_len), ranges)?;
+        let _ = s;
+        let mut shape = t.shape.clone();
+        let picked: usize = ranges.iter().map(|r| r.1).sum();
+        shape[0] = (picked * if shape.len() == 1 { row_len } else { 1 }) as i32;
+        Ok(Array::from_slice(&values, &shape))
+    }
+
+    /// Rows `ranges` of tensor `t` (`name`) taken as `rows` rows of
+    /// `row_len` values, dequantized and concatenated.
+    pub(super) fn row_values(
+        &self,
+        name: &str,
+        t: &GgufTensor,
+        (rows, row_len): (usize, usize),
+        ranges: &[(usize, usize)],
+    ) -> Result<Vec<f32>> {
         let (per_block, block_bytes) = t.kind.block();
         let row_bytes = (row_len / per_block * block_bytes) as u64;
         let mut values = Vec::new();
@@ -275,28 +274,30 @@ impl GgufFile {
             )?;
             values.extend(dequantize(t.kind, &bytes));
         }
-        let _ = s;
-        let mut shape = t.shape.clone();
-        let picked: usize = ranges.iter().map(|r| r.1).sum();
-        shape[0] = (picked * if shape.len() == 1 { row_len } else { 1 }) as i32;
-        Ok(Array::from_slice(&values, &shape))
+        Ok(values)
     }
 
-    /// Columns `ranges` of the 2-D tensor `name`, dequantized: per row, the
-    /// blocks that hold the columns are read and the columns kept.
+    /// Columns `ranges` (along the last axis) of the tensor `name` of 2 or
+    /// more dimensions, dequantized, as `[rows, width]` (the other axes
+    /// flattened into rows): per row, the blocks that hold the columns are
+    /// read and the columns kept.
     ///
     /// # Errors
-    /// No such tensor, not 2-D, columns past its end, or a failed read.
+    /// No such tensor, a vector, columns past its end, or a failed read.
     pub fn read_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
         let _ = s;
         let t = self.tensor(name)?;
-        let &[rows, columns] = t.shape.as_slice() else {
+        let [lead @ .., columns] = t.shape.as_slice() else {
+            return Err(self.error(format!("tensor `{name}` has no dimensions")));
+        };
+        if lead.is_empty() {
             return Err(self.error(format!(
                 "tensor `{name}` has shape {:?}; reading columns needs a 2-D tensor",
                 t.shape
             )));
-        };
-        let (rows, columns) = (rows as usize, columns as usize);
+        }
+        let rows: usize = lead.iter().map(|&d| d as usize).product();
+        let columns = *columns as usize;
         let (per_block, block_bytes) = t.kind.block();
         let row_bytes = (columns / per_block * block_bytes) as u64;
         for &(first, count) in ranges {
@@ -324,12 +325,13 @@ impl GgufFile {
 }
 
 impl GgufFile {
-    /// Rows `ranges` of the 2-D Q8_0, Q4_0, Q4_1, Q4_K or Q5_K tensor `name`, kept
-    /// quantized: the same values as [`GgufFile::read_rows`] in MLX's
-    /// affine layout (see [`to_affine`]).
+    /// Rows `ranges` of the Q8_0, Q4_0, Q4_1, Q4_K or Q5_K tensor `name`
+    /// (its axes but the last flattened into rows: a stack of experts'
+    /// rows are expert by expert), kept quantized: the same values as
+    /// [`GgufFile::read_rows`] in MLX's affine layout (see [`to_affine`]).
     ///
     /// # Errors
-    /// No such tensor, not 2-D, another type, rows past its end, or a failed read.
+    /// No such tensor, a vector, another type, rows past its end, or a failed read.
     pub fn read_quantized_rows(
         &self,
         name: &str,
@@ -354,12 +356,13 @@ impl GgufFile {
         self.affine(name, t.kind, &bytes, [picked, columns], s)
     }
 
-    /// Groups (of 32 columns) `ranges` of every row of the 2-D tensor
-    /// `name` of a type that stays quantized, kept quantized: the blocks
-    /// that hold them are read (a K-quant's 256 values are 8 groups).
+    /// Groups (of 32 columns) `ranges` of every row (axes but the last
+    /// flattened) of the tensor `name` of a type that stays quantized,
+    /// kept quantized: the blocks that hold them are read (a K-quant's 256
+    /// values are 8 groups).
     ///
     /// # Errors
-    /// No such tensor, not 2-D, another type, groups past its end, or a failed read.
+    /// No such tensor, a vector, another type, groups past its end, or a failed read.
     pub fn read_quantized_groups(
         &self,
         name: &str,
@@ -406,14 +409,20 @@ impl GgufFile {
         AffineWeight::concatenate_groups(&parts, s)
     }
 
+    /// Tensor `name` of a type that stays quantized, with its rows (every
+    /// axis but the last, flattened) and columns.
     fn quantized_tensor(&self, name: &str) -> Result<(&GgufTensor, usize, usize)> {
         let t = self.tensor(name)?;
-        let &[rows, columns] = t.shape.as_slice() else {
+        let [lead @ .., columns] = t.shape.as_slice() else {
+            return Err(self.error(format!("tensor `{name}` has no dimensions")));
+        };
+        if lead.is_empty() {
             return Err(self.error(format!(
-                "tensor `{name}` has shape {:?}; a quantized weight is 2-D",
+                "tensor `{name}` has shape {:?}; a quantized weight has rows",
                 t.shape
             )));
-        };
+        }
+        let (rows, columns) = (lead.iter().product::<i32>(), *columns);
         if t.kind.affine_bits().is_none() {
             return Err(self.error(format!(
                 "tensor `{name}` is {:?}; only Q8_0, Q4_0, Q4_1, Q4_K and Q5_K stay quantized (read it with `read_rows`)",
@@ -454,46 +463,4 @@ fn rows_of(shape: &[i32], kind: GgmlType) -> (usize, usize) {
         [rows, rest @ ..] => (*rows as usize, rest.iter().map(|&d| d as usize).product()),
         [] => (1, 1),
     }
-}
-
-fn tensor_info(
-    kind: GgmlType,
-    shape: &[u64],
-    offset: u64,
-    alignment: u64,
-    data_len: u64,
-) -> std::result::Result<GgufTensor, String> {
-    let shape: Vec<i32> = shape
-        .iter()
-        .map(|&d| i32::try_from(d).ok().filter(|d| *d > 0))
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("has dimensions {shape:?}, which are not positive i32 sizes"))?;
-    let (per_block, block_bytes) = kind.block();
-    let inner = *shape.last().unwrap_or(&1) as u64;
-    if inner % per_block as u64 != 0 {
-        return Err(format!(
-            "is {kind:?} with rows of {inner} values, not a whole number of {per_block}-value blocks"
-        ));
-    }
-    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-    let nbytes = elements
-        .map(|e| e / per_block as u64 * block_bytes as u64)
-        .ok_or("has a size that overflows")?;
-    if offset % alignment != 0 {
-        return Err(format!(
-            "starts at offset {offset}, not a multiple of the alignment {alignment}"
-        ));
-    }
-    if offset.checked_add(nbytes).is_none_or(|end| end > data_len) {
-        return Err(format!(
-            "holds bytes {offset}..{} of the data but the file has {data_len} bytes of data; the file is truncated or the offset is wrong",
-            offset.saturating_add(nbytes)
-        ));
-    }
-    Ok(GgufTensor {
-        kind,
-        shape,
-        offset,
-        nbytes,
-    })
 }

@@ -1,8 +1,10 @@
-//! A GGUF file's header: its metadata values and the reader of its
-//! primitives, which never reads past the file and refuses counts that only
-//! a damaged file declares.
+//! A GGUF file's header: its metadata values, its tensor entries (checked
+//! against the data) and the reader of its primitives, which never reads
+//! past the file and refuses counts that only a damaged file declares.
 
 use std::io::Read;
+
+use super::ggml::GgmlType;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -149,4 +151,66 @@ impl<R: Read> Header<R> {
             }
         })
     }
+}
+
+/// Where a tensor is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensor {
+    /// Its type.
+    pub kind: GgmlType,
+    /// Row-major shape (GGUF's dimensions reversed: `[out, in]` for a weight).
+    pub shape: Vec<i32>,
+    pub(super) offset: u64,
+    pub(super) nbytes: u64,
+}
+
+impl GgufTensor {
+    /// Bytes of the tensor in the file.
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+}
+
+/// A tensor entry of the header checked against the data: its rows are
+/// whole blocks, its shape positive, its bytes aligned and within the data.
+pub(super) fn tensor_info(
+    kind: GgmlType,
+    shape: &[u64],
+    offset: u64,
+    alignment: u64,
+    data_len: u64,
+) -> std::result::Result<GgufTensor, String> {
+    let shape: Vec<i32> = shape
+        .iter()
+        .map(|&d| i32::try_from(d).ok().filter(|d| *d > 0))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("has dimensions {shape:?}, which are not positive i32 sizes"))?;
+    let (per_block, block_bytes) = kind.block();
+    let inner = *shape.last().unwrap_or(&1) as u64;
+    if inner % per_block as u64 != 0 {
+        return Err(format!(
+            "is {kind:?} with rows of {inner} values, not a whole number of {per_block}-value blocks"
+        ));
+    }
+    let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    let nbytes = elements
+        .map(|e| e / per_block as u64 * block_bytes as u64)
+        .ok_or("has a size that overflows")?;
+    if offset % alignment != 0 {
+        return Err(format!(
+            "starts at offset {offset}, not a multiple of the alignment {alignment}"
+        ));
+    }
+    if offset.checked_add(nbytes).is_none_or(|end| end > data_len) {
+        return Err(format!(
+            "holds bytes {offset}..{} of the data but the file has {data_len} bytes of data; the file is truncated or the offset is wrong",
+            offset.saturating_add(nbytes)
+        ));
+    }
+    Ok(GgufTensor {
+        kind,
+        shape,
+        offset,
+        nbytes,
+    })
 }

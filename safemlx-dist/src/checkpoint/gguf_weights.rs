@@ -50,7 +50,7 @@ impl GgufWeights {
             ("model.norm.weight", "output_norm.weight"),
             ("lm_head.weight", "output.weight"),
         ];
-        const LAYER: [(&str, &str); 11] = [
+        const LAYER: [(&str, &str); 19] = [
             ("input_layernorm", "attn_norm"),
             ("post_attention_layernorm", "ffn_norm"),
             ("self_attn.q_proj", "attn_q"),
@@ -62,6 +62,16 @@ impl GgufWeights {
             ("mlp.gate_proj", "ffn_gate"),
             ("mlp.up_proj", "ffn_up"),
             ("mlp.down_proj", "ffn_down"),
+            // A mixture of experts: the router, the stacked experts (read
+            // as mlx-lm's `switch_mlp`), the shared expert and its gate.
+            ("mlp.gate", "ffn_gate_inp"),
+            ("mlp.switch_mlp.gate_proj", "ffn_gate_exps"),
+            ("mlp.switch_mlp.up_proj", "ffn_up_exps"),
+            ("mlp.switch_mlp.down_proj", "ffn_down_exps"),
+            ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+            ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+            ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+            ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
         ];
         if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == name) {
             return Some((*g).to_owned());
@@ -122,14 +132,15 @@ impl GgufWeights {
         })
     }
 
-    /// One line on the 2-D tensors a quantized load reads as `float32`:
+    /// One line on the matrices (and stacks of experts) a quantized load
+    /// reads as `float32`:
     /// those whose type has no MLX affine form (Q2_K, Q3_K and Q6_K's
     /// 16-value sub-blocks, MXFP4's power-of-two scales); `None` when
     /// every quantized tensor stays quantized.
     pub fn dequantized_note(&self) -> Option<String> {
         let mut by_type = std::collections::BTreeMap::<String, (usize, &str)>::new();
         for (name, t) in self.file.tensors() {
-            if t.shape.len() == 2 && t.kind.block().0 > 1 && t.kind.affine_bits().is_none() {
+            if t.shape.len() >= 2 && t.kind.block().0 > 1 && t.kind.affine_bits().is_none() {
                 by_type
                     .entry(format!("{:?}", t.kind))
                     .or_insert((0, name))
@@ -183,11 +194,44 @@ impl TensorSource for GgufWeights {
         Self::gguf_name(name).is_some_and(|g| self.file.tensors().contains_key(&g))
     }
     fn shape(&self, name: &str) -> Result<Vec<i32>> {
-        Ok(self.file.tensor(&self.name(name)?)?.shape.clone())
+        let shape = self.file.tensor(&self.name(name)?)?.shape.clone();
+        Ok(match shape[..] {
+            // llama.cpp keeps the shared expert's gate `[1, D]` as a vector.
+            [d] if name.ends_with(SHARED_GATE) => vec![1, d],
+            _ => shape,
+        })
     }
     fn read(&self, name: &str, s: &Stream) -> Result<Array> {
-        let rows = self.shape(name)?.first().copied().unwrap_or(0) as usize;
+        let shape = self.shape(name)?;
+        if name.ends_with(SHARED_GATE) {
+            let stored = self.file.read(&self.name(name)?, s)?;
+            return Ok(stored.reshape(&shape, s)?);
+        }
+        let rows = shape.first().copied().unwrap_or(0) as usize;
         self.read_rows(name, &[(0, rows)], s)
+    }
+    fn read_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<Array> {
+        match (axis, self.file.tensor(&self.name(name)?)?.shape.len()) {
+            (0, _) => self.read_rows(name, ranges, s),
+            (1, 2) => self.read_columns(name, ranges, s),
+            _ => self.file.read_stacked(&self.name(name)?, axis, ranges, s),
+        }
+    }
+    fn read_packed_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        self.file
+            .read_packed_stacked(&self.name(name)?, axis, ranges, s)
     }
     fn read_rows(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array> {
         let rows = self.file.read_rows(&self.name(name)?, ranges, s)?;
@@ -254,8 +298,11 @@ impl TensorSource for GgufWeights {
     }
 }
 
+/// The shared expert's gate, which llama.cpp stores as a vector.
+const SHARED_GATE: &str = "mlp.shared_expert_gate.weight";
+
 /// A GGUF file's tensors under the file's own names
-/// (`blk.0.attn_q.weight`): 2-D `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K` and `Q5_K`
+/// (`blk.0.attn_q.weight`): `Q8_0`, `Q4_0`, `Q4_1`, `Q4_K` and `Q5_K`
 /// tensors stay quantized (MLX affine, groups of 32), the others read as
 /// `float32`.
 impl TensorSource for GgufFile {
@@ -283,7 +330,29 @@ impl TensorSource for GgufFile {
     fn quantization(&self, name: &str) -> Option<(usize, usize)> {
         let t = self.tensor(name).ok()?;
         let bits = t.kind.affine_bits()?;
-        (t.shape.len() == 2).then_some((32, bits))
+        (t.shape.len() >= 2).then_some((32, bits))
+    }
+    fn read_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<Array> {
+        match (axis, self.tensor(name)?.shape.len()) {
+            (0, _) => GgufFile::read_rows(self, name, ranges, s),
+            (1, 2) => GgufFile::read_columns(self, name, ranges, s),
+            _ => self.read_stacked(name, axis, ranges, s),
+        }
+    }
+    fn read_packed_along(
+        &self,
+        name: &str,
+        axis: usize,
+        ranges: &[(usize, usize)],
+        s: &Stream,
+    ) -> Result<[Array; 3]> {
+        self.read_packed_stacked(name, axis, ranges, s)
     }
     fn read_quantized_rows(
         &self,

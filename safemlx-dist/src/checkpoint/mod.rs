@@ -36,6 +36,7 @@ mod fp8;
 mod ggml;
 mod gguf;
 mod gguf_header;
+mod gguf_stacked;
 mod gguf_weights;
 mod hf;
 mod kquants;
@@ -52,8 +53,8 @@ use std::path::Path;
 
 pub use format::TensorInfo;
 pub use ggml::{dequantize, to_affine, GgmlType};
-pub use gguf::{GgufFile, GgufTensor};
-pub use gguf_header::GgufValue;
+pub use gguf::GgufFile;
+pub use gguf_header::{GgufTensor, GgufValue};
 pub use gguf_weights::GgufWeights;
 pub use hf::HfDirectory;
 pub use one_dtype::OneDtype;

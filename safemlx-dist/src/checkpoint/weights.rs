@@ -199,7 +199,7 @@ impl<'a, C: Collective> Weights<'a, C> {
 
     /// The tensor `full` as its file names it, with its model name beside
     /// it when they differ.
-    fn named(&self, full: &str) -> String {
+    pub(crate) fn named(&self, full: &str) -> String {
         let stored = self.source.stored_name(full);
         if stored == full {
             format!("`{full}`")

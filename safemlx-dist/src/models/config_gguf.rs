@@ -1,14 +1,16 @@
 //! A Llama-family configuration from a GGUF file's metadata.
 
-use super::config::{Family, LlamaConfig, RopeScaling};
+use super::config::{ExpertLayout, Family, LlamaConfig, MoeSettings, RopeScaling};
 use crate::checkpoint::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
+use crate::nn::Gating;
 
 impl LlamaConfig {
-    /// Reads a GGUF file's metadata (`general.architecture` `llama`, `qwen2`
-    /// or `qwen3`; llama.cpp stores Mistral as `llama`). Tied embeddings
-    /// are a file without `output.weight`; Llama 3's RoPE scaling is the
-    /// `rope_freqs.weight` tensor.
+    /// Reads a GGUF file's metadata (`general.architecture` `llama`,
+    /// `qwen2`, `qwen3`, `qwen2moe` or `qwen3moe`; llama.cpp stores
+    /// Mistral as `llama`, and Mixtral as `llama` with `expert_count`).
+    /// Tied embeddings are a file without `output.weight`; Llama 3's RoPE
+    /// scaling is the `rope_freqs.weight` tensor.
     ///
     /// # Errors
     /// An unsupported architecture, or a missing or ill-typed key (named).
@@ -27,9 +29,11 @@ impl LlamaConfig {
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
+            "qwen2moe" => Family::Qwen2Moe,
+            "qwen3moe" => Family::Qwen3Moe,
             other => {
                 return Err(fail(format!(
-                    "general.architecture is \"{other}\", which is not a Llama-family model read here; supported: llama, qwen2, qwen3"
+                    "general.architecture is \"{other}\", which is not a model read here; supported: llama (and Mistral, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe"
                 )))
             }
         };
@@ -136,12 +140,38 @@ impl LlamaConfig {
         };
         let id =
             |k: &str| -> Result<Option<u32>> { Ok(int(k)?.and_then(|v| u32::try_from(v).ok())) };
-        if int(&key("expert_count"))?.unwrap_or(0) > 0 {
-            return Err(fail(format!(
-                "{} is set: mixture-of-experts GGUF files are not read here; use the model's Hugging Face directory",
-                key("expert_count")
-            )));
-        }
+        let experts = int(&key("expert_count"))?.unwrap_or(0);
+        let family = match family {
+            Family::Llama if experts > 0 => Family::Mixtral,
+            Family::Qwen2Moe | Family::Qwen3Moe if experts == 0 => {
+                return Err(fail(format!("is {arch} but has no positive {}", key("expert_count"))))
+            }
+            f if experts > 0 && f != Family::Qwen2Moe && f != Family::Qwen3Moe => {
+                return Err(fail(format!(
+                    "{} is {experts}: a mixture of experts in a {arch} file is not read here; supported: llama (Mixtral), qwen2moe, qwen3moe",
+                    key("expert_count")
+                )))
+            }
+            f => f,
+        };
+        let moe = match family {
+            Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => {
+                let top_k = need(&key("expert_used_count"))?;
+                if top_k > experts {
+                    return Err(fail(format!(
+                        "{} ({top_k}) exceeds the {experts} experts",
+                        key("expert_used_count")
+                    )));
+                }
+                Some(moe_settings(
+                    family,
+                    (experts, top_k),
+                    &|k| need(&key(k)),
+                    &|k| int(&key(k)),
+                )?)
+            }
+            _ => None,
+        };
         let bias = file.tensors().contains_key("blk.0.attn_q.bias");
         if bias && family == Family::Llama {
             return Err(fail(
@@ -162,10 +192,10 @@ impl LlamaConfig {
             rope_theta,
             rope_scaling,
             tie_word_embeddings: !file.tensors().contains_key("output.weight"),
-            qkv_bias: family == Family::Qwen2 || bias,
+            qkv_bias: matches!(family, Family::Qwen2 | Family::Qwen2Moe) || bias,
             o_bias: false,
             attention_sinks: false,
-            qk_norm: family == Family::Qwen3,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
             max_position_embeddings: match int(&key("context_length"))? {
                 Some(n) if n < 2 => {
                     return Err(fail(format!(
@@ -179,7 +209,7 @@ impl LlamaConfig {
             full_attention_layers: Vec::new(),
             eos_token_ids: id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
             bos_token_id: id("tokenizer.ggml.bos_token_id")?,
-            moe: None,
+            moe,
             mla: None,
         };
         config.check_values(
@@ -194,4 +224,38 @@ impl LlamaConfig {
         )?;
         Ok(config)
     }
+}
+
+/// The experts of a GGUF MoE, as llama.cpp runs them: Mixtral's top-k
+/// then softmax over its `feed_forward_length` experts; Qwen's softmax
+/// then top-k over `expert_feed_forward_length` experts, renormalised for
+/// `qwen3moe` (not `qwen2moe`, beside its gated shared expert of
+/// `expert_shared_feed_forward_length`). Every layer is an MoE; the
+/// experts are stacked (`ffn_*_exps`), read as mlx-lm's `switch_mlp`.
+fn moe_settings(
+    family: Family,
+    (experts, top_k): (usize, usize),
+    need: &dyn Fn(&str) -> Result<usize>,
+    int: &dyn Fn(&str) -> Result<Option<usize>>,
+) -> Result<MoeSettings> {
+    let names = super::llama::QWEN_EXPERTS;
+    if family == Family::Mixtral {
+        return Ok(MoeSettings::top_k_softmax(
+            (experts, top_k, need("feed_forward_length")?),
+            "mlp.",
+            ExpertLayout::PerExpert(names),
+        ));
+    }
+    let mut m = MoeSettings::top_k_softmax(
+        (experts, top_k, need("expert_feed_forward_length")?),
+        "mlp.",
+        ExpertLayout::PerExpert(names),
+    );
+    m.gating = Gating::SoftmaxTopK {
+        normalize: family == Family::Qwen3Moe,
+    };
+    if family == Family::Qwen2Moe {
+        m.shared_hidden = int("expert_shared_feed_forward_length")?.filter(|h| *h > 0);
+    }
+    Ok(m)
 }

@@ -147,8 +147,9 @@ impl Llama {
     /// Those of [`LlamaConfig::from_gguf`].
     pub fn gguf_weights(file: GgufFile, s: &Stream) -> Result<(LlamaConfig, GgufWeights)> {
         let config = LlamaConfig::from_gguf(&file, s)?;
-        // llama.cpp reorders the q/k rows of `llama` models only.
-        let permuted = (config.family == Family::Llama).then_some((
+        // llama.cpp reorders the q/k rows of `llama` models only (Mixtral
+        // is one).
+        let permuted = matches!(config.family, Family::Llama | Family::Mixtral).then_some((
             config.heads,
             config.kv_heads,
             config.head_dim,

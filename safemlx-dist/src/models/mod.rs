@@ -194,13 +194,19 @@ fn load_part(
     } else {
         let file = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
-        let (config, source) = Llama::gguf_weights(file, s)?;
+        let (mut config, source) = Llama::gguf_weights(file, s)?;
+        if let Some(moe) = &mut config.moe {
+            moe.placement = options.experts;
+        }
         let keeps = options.weights.keeps_quantized(&config);
         let note = source.dequantized_note().filter(|_| keeps);
         if let Some(note) = note.filter(|_| group.rank() == 0) {
             eprintln!("model {}: {note}", path.display());
         }
         let model = load(&source, config)?;
+        if let Some(note) = model.packed_note().filter(|_| group.rank() == 0) {
+            eprintln!("model {}: {note}", path.display());
+        }
         // A stage reads only its own tensors.
         if model.stage().is_whole() {
             source.check_all_read()?;

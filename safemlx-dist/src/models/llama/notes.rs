@@ -9,7 +9,7 @@ use crate::runtime::Group;
 impl Llama {
     /// How the packed experts of a checkpoint that has them (MXFP4,
     /// affine quantized) are held: kept as stored, or dequantized and why
-    /// (every layer alike).
+    /// (the layers counted; the first reason given).
     pub fn packed_note(&self) -> Option<String> {
         let storage: Vec<_> = self
             .layers
@@ -19,17 +19,26 @@ impl Llama {
                 FeedForward::Dense(_) => None,
             })
             .collect();
-        let layers = storage.len();
-        let (format, kept) = storage.first()?;
+        let (format, _) = storage.first()?;
         let (what, mode) = (format.label(), format!("{:?}", format.mode).to_lowercase());
+        let kept = storage.iter().filter(|(_, k)| k.is_ok()).count();
+        let dropped = storage
+            .iter()
+            .find_map(|(f, k)| k.as_ref().err().map(|why| (f, why)));
+        let keeping = format!(
+            "keeping the {what} experts of {kept} layers as stored (MLX's {mode} quantized matmuls)"
+        );
+        let Some((format, why)) = dropped else {
+            return Some(keeping);
+        };
+        let dequantizing = format!(
+            "the experts of {} layers to float32 as they are read (about {:.1} times their stored bytes): {why}",
+            storage.len() - kept,
+            32.0 / format.stored_bits()
+        );
         Some(match kept {
-            Ok(()) => format!(
-                "keeping the {what} experts of {layers} layers as stored (MLX's {mode} quantized matmuls)"
-            ),
-            Err(why) => format!(
-                "dequantizing the {what} experts of {layers} layers to float32 as they are read (about {:.1} times their stored bytes): {why}",
-                32.0 / format.stored_bits()
-            ),
+            0 => format!("dequantizing the {what} {}", &dequantizing[4..]),
+            _ => format!("{keeping}; dequantizing {dequantizing}"),
         })
     }
 }

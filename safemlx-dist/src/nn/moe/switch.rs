@@ -18,7 +18,7 @@ use super::config::ExpertPlacement;
 use super::packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
 use super::{ExpertSlices, ExpertWeights, Experts};
 use crate::checkpoint::Weights;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::grad::Frozen;
 use crate::typed::{Placement, ShardedArray};
 
@@ -29,9 +29,12 @@ const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// experts)` its sizes), with how it holds packed ones; `None` when `w`
 /// has no such stack.
 ///
+/// Projections stored in different forms (llama.cpp's mixes) are all
+/// dequantized as they are read, and the layer says why.
+///
 /// # Errors
-/// A projection missing, of another shape, quantized unlike the others,
-/// or in a mode other than affine (named), or a failed read.
+/// A projection missing, of another shape, or in a mode other than affine
+/// (named), or a failed read.
 pub(super) fn read(
     w: &Weights,
     switch: &str,
@@ -44,22 +47,34 @@ pub(super) fn read(
         return Ok(None);
     }
     let quantization = names.each_ref().map(|n| w.quantization(n));
-    if quantization.iter().any(|q| *q != quantization[0]) {
-        return Err(Error::Model {
-            path: w.source().path().display().to_string(),
-            message: format!(
-                "the experts `{}`, `{}` and `{}` are quantized differently ({quantization:?}, as (group size, bits)); one stack of experts takes one quantization",
-                w.name(&names[0]),
-                w.name(&names[1]),
-                w.name(&names[2])
-            ),
-        });
-    }
     let shapes = [
         [experts, hidden, dim],
         [experts, hidden, dim],
         [experts, dim, hidden],
     ];
+    let mixed = quantization.iter().any(|q| *q != quantization[0]);
+    if let (true, Some(&(group_size, bits))) = (mixed, quantization.iter().flatten().next()) {
+        // One stack of packed experts takes one format (llama.cpp's
+        // Q4_K_M stores some layers' down experts in Q6_K): all floats.
+        let forms: Vec<String> = quantization
+            .iter()
+            .zip(&names)
+            .map(|(q, n)| match q {
+                Some((g, b)) => format!("{} {b}-bit affine (groups of {g})", w.named(&w.name(n))),
+                None => format!("{} without an MLX affine form", w.named(&w.name(n))),
+            })
+            .collect();
+        let why = format!(
+            "the stack's projections are stored in different forms ({}), and one stack of packed experts takes one",
+            forms.join(", ")
+        );
+        let float = read_float(w, &names, shapes, placement, s)?;
+        let format = PackedFormat::affine(group_size, bits);
+        return Ok(Some((
+            Experts::Frozen(Frozen::new(float)),
+            Some((format, Err(why))),
+        )));
+    }
     let Some((group_size, bits)) = quantization[0] else {
         return Ok(Some((read_float(w, &names, shapes, placement, s)?, None)));
     };

@@ -1,0 +1,94 @@
+//! GGUF MoE files as llama.cpp writes and quantizes them
+//! (`tests/golden/make_gguf_moe_goldens.py`: a tiny `qwen3moe`, a
+//! `qwen2moe` with its gated shared expert, and Mixtral as `llama` with
+//! experts; their F32 forms give llama.cpp's own logits): the experts
+//! stacked as `ffn_*_exps` are read as mlx-lm's `switch_mlp`, each rank
+//! reading only its experts or its whole blocks of every expert. Loaded as
+//! stored at 1, 2 and 4 ranks in both expert placements (and a weighted
+//! 3:1 split), the logits are mlx-lm's of the same model with every
+//! tensor dequantized by the `gguf` package. Q8_0 experts stay quantized
+//! in every layer; Q4_K_M keeps layer 0's Q4_K experts packed and
+//! dequantizes layer 1's, whose down projections llama.cpp stored in Q6_K.
+
+use std::path::PathBuf;
+
+use safemlx_dist::launch::Ranks;
+use safemlx_dist::models::{load_layout, Layout, LoadOptions, Storage};
+use safemlx_dist::nn::ExpertPlacement;
+use safemlx_dist::Group;
+use safemlx_dist_tests::cpu;
+use safemlx_dist_tests::models::{check_logits, golden, golden_dir};
+
+fn file(name: &str) -> PathBuf {
+    golden_dir("gguf").join(name)
+}
+
+/// The files, and what their load says about the experts.
+const CASES: [(&str, &str); 4] = [
+    (
+        "moe-qwen3moe-Q8_0",
+        "keeping the 8-bit affine (groups of 32) experts of 2 layers as stored (MLX's affine quantized matmuls)",
+    ),
+    ("moe-qwen3moe-Q4_K_M", MIXED),
+    ("moe-qwen2moe-Q4_K_M", MIXED),
+    ("moe-mixtral-Q4_K_M", MIXED),
+];
+
+const MIXED: &str = "keeping the 4-bit affine (groups of 32) experts of 1 layers as stored (MLX's affine quantized matmuls); dequantizing the experts of 1 layers to float32 as they are read (about 6.4 times their stored bytes): the stack's projections are stored in different forms (`blk.1.ffn_gate_exps.weight` (model.layers.1.mlp.switch_mlp.gate_proj.weight) 4-bit affine (groups of 32), `blk.1.ffn_up_exps.weight` (model.layers.1.mlp.switch_mlp.up_proj.weight) 4-bit affine (groups of 32), `blk.1.ffn_down_exps.weight` (model.layers.1.mlp.switch_mlp.down_proj.weight) without an MLX affine form), and one stack of packed experts takes one";
+
+fn check(group: &Group, split: Option<Vec<u32>>) {
+    let s = cpu();
+    let (n, rank) = (group.size(), group.rank());
+    for (case, note) in CASES {
+        let path = file(&format!("{case}.gguf"));
+        let (prompt, want) = golden(&file(&format!("{case}.safetensors")), &s);
+        for experts in [
+            ExpertPlacement::ExpertParallel,
+            ExpertPlacement::ExpertTensorParallel,
+        ] {
+            let what = format!(
+                "{case}, {}, split {split:?}, rank {rank} of {n}",
+                experts.as_str()
+            );
+            let options = LoadOptions {
+                weights: Storage::AsStored,
+                experts,
+                tensor_split: split.clone(),
+            };
+            let placed = load_layout(group, &path, options, &Layout::default(), &s)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let model = &placed.loaded.model;
+            assert_eq!(model.packed_note().as_deref(), Some(note), "{what}");
+            check_logits(model, &prompt, &want, &what);
+            let size = std::fs::metadata(&path).unwrap().len() as f64;
+            let read = placed.loaded.weights.bytes_read() as f64;
+            if n > 1 && experts == ExpertPlacement::ExpertParallel {
+                // The experts are most of the file; a rank reads its
+                // share of them and of the split attention and head.
+                let share = split.as_ref().map_or(1.0 / n as f64, |w| {
+                    f64::from(w[rank]) / f64::from(w.iter().sum::<u32>())
+                });
+                assert!(
+                    read <= size * (share + 0.25),
+                    "{what}: read {read} of {size} bytes"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn llama_cpp_moe_files_give_the_dequantized_models_logits_at_one_two_and_four_ranks() {
+    for n in [1, 2, 4] {
+        Ranks::new(n)
+            .run_test(|group| check(group, None))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+#[test]
+fn a_weighted_split_of_moe_experts() {
+    Ranks::new(2)
+        .run_test(|group| check(group, Some(vec![3, 1])))
+        .unwrap();
+}
