@@ -3,7 +3,7 @@
 //! that holds such a tensor as floats reads.
 
 use safemlx::ops::{dequantize_with_mode, QuantizationMode};
-use safemlx::{Array, Dtype, Stream};
+use safemlx::{Array, Stream};
 
 use super::Weights;
 use crate::error::Result;
@@ -11,9 +11,11 @@ use crate::typed::Collective;
 
 impl<C: Collective> Weights<'_, C> {
     /// Range `(first, count)` along `axis` of tensor `name` of logical
-    /// shape `shape` as `float32`: as stored, or, when it is affine
-    /// quantized, its packed values dequantized (rounded out to whole
-    /// groups along the last axis, then cut).
+    /// shape `shape` as floats: as stored (in the dtype the source gives,
+    /// which a model's [`OneDtype`](super::OneDtype) makes its own), or,
+    /// when it is affine quantized, its packed values dequantized in their
+    /// scales' dtype (rounded out to whole groups along the last axis,
+    /// then cut).
     ///
     /// # Errors
     /// Another shape, a quantization mode other than affine, a range past
@@ -27,8 +29,7 @@ impl<C: Collective> Weights<'_, C> {
         s: &Stream,
     ) -> Result<Array> {
         let Some((group_size, bits)) = self.quantization(name) else {
-            let stored = self.along((name, false), shape, axis, &[(first, count)], s)?;
-            return Ok(stored.as_dtype(Dtype::Float32, s)?);
+            return self.along((name, false), shape, axis, &[(first, count)], s);
         };
         let g = if axis + 1 == shape.len() {
             group_size
@@ -46,7 +47,6 @@ impl<C: Collective> Weights<'_, C> {
             QuantizationMode::Affine,
             s,
         )?;
-        let cut = crate::runtime::slice_axis(&values, axis, first - a, count, s)?;
-        Ok(cut.as_dtype(Dtype::Float32, s)?)
+        crate::runtime::slice_axis(&values, axis, first - a, count, s)
     }
 }

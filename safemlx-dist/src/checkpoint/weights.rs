@@ -116,6 +116,13 @@ impl<'a, C: Collective> Weights<'a, C> {
         }
     }
 
+    /// Every rank's length of a dimension of `len` values split in whole
+    /// `unit`s (quantization groups, MXFP4 blocks; `len` a multiple of
+    /// `unit`), as [`lengths`](Self::lengths) splits the units.
+    pub fn lengths_in(&self, len: usize, unit: usize) -> Vec<usize> {
+        self.lengths(len / unit).iter().map(|u| u * unit).collect()
+    }
+
     /// The same source under `prefix` + `part` + `.` (a trailing `.` on
     /// `part` is ignored; an empty `part` changes nothing).
     pub fn pp(&self, part: &str) -> Self {

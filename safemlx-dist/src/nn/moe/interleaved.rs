@@ -134,11 +134,9 @@ fn read_packed(
 }
 
 /// Whether MXFP4 experts stay as stored: MLX multiplies that mode on
-/// `s`'s device and, under expert tensor parallelism, each rank gets a
-/// block of 32 of the hidden dimension `hidden` (`blocks`: each rank's
-/// count, as the even or weighted split gives them; a rank with none would
-/// multiply an empty quantized matrix, which MLX's CPU kernel answers with
-/// a division by zero). The reason when not.
+/// `s`'s device and each rank gets what [`packed::keep`] asks (`blocks`:
+/// each rank's count of blocks of 32, as the even or weighted split gives
+/// them). The reason when not.
 fn keep_mxfp4(
     placement: ExpertPlacement,
     hidden: usize,
@@ -150,31 +148,7 @@ fn keep_mxfp4(
             "MLX does not multiply MXFP4 weights on this device ({e})"
         ));
     }
-    let empty = blocks.iter().position(|&b| b == 0);
-    if let (ExpertPlacement::ExpertTensorParallel, Some(rank)) = (placement, empty) {
-        return Err(format!(
-            "expert tensor parallel over {} ranks splits the hidden dimension {hidden} by MXFP4's blocks of 32 ({} of them) and leaves rank {rank} none ({} blocks per rank)",
-            blocks.len(),
-            hidden / 32,
-            blocks
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(" + ")
-        ));
-    }
-    Ok(())
-}
-
-/// Each rank's share of the hidden dimension under expert tensor
-/// parallelism, as `w` divides it (the chunk rule, or in proportion to its
-/// shares): of the elements, or whole blocks of 32 (experts kept in MXFP4:
-/// 2880 over 4 ranks is 736 + 736 + 704 + 704).
-fn hidden_split(w: &Weights, hidden: usize, blocks: bool) -> Vec<usize> {
-    match blocks {
-        true => w.lengths(hidden / 32).iter().map(|b| 32 * b).collect(),
-        false => w.lengths(hidden),
-    }
+    packed::keep(placement, hidden, PackedFormat::MXFP4, blocks)
 }
 
 /// `[E', 2k, ...]` interleaved along axis 1 into its even and odd rows,
@@ -221,7 +195,11 @@ impl Moe {
         let mxfp4 = w
             .contains(&format!("{}_blocks", names.gate_up))
             .then(|| keep_mxfp4(config.placement, hidden, &w.lengths(hidden / 32), s));
-        let split = hidden_split(w, hidden, matches!(mxfp4, Some(Ok(()))));
+        // Each rank's share of the hidden dimension: whole blocks of 32
+        // for experts kept in MXFP4 (2880 over 4 ranks is 736 + 736 +
+        // 704 + 704).
+        let unit = if matches!(mxfp4, Some(Ok(()))) { 32 } else { 1 };
+        let split = w.lengths_in(hidden, unit);
         // Expert parallel: this rank's experts. Expert tensor parallel:
         // its hidden slice of every expert, whose gate and up rows are
         // the contiguous rows 2a..2c of the interleaved matrix.

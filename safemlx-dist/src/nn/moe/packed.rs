@@ -74,6 +74,38 @@ impl PackedFormat {
     }
 }
 
+/// Whether experts packed in `format` stay packed under `placement`:
+/// under expert tensor parallelism every rank needs a whole group of the
+/// hidden dimension `hidden` (`groups`: each rank's count; a rank with
+/// none would multiply an empty quantized matrix, which MLX's CPU kernel
+/// answers with a division by zero). The reason when not.
+pub(super) fn keep(
+    placement: super::ExpertPlacement,
+    hidden: usize,
+    format: PackedFormat,
+    groups: &[usize],
+) -> std::result::Result<(), String> {
+    let empty = groups.iter().position(|&g| g == 0);
+    let Some(rank) = empty.filter(|_| placement == super::ExpertPlacement::ExpertTensorParallel)
+    else {
+        return Ok(());
+    };
+    let (unit, word) = match format.mode {
+        QuantizationMode::MxFp4 => ("MXFP4's blocks of 32".to_owned(), "blocks"),
+        QuantizationMode::Affine => (
+            format!("whole quantization groups of {}", format.group_size),
+            "groups",
+        ),
+    };
+    let per_rank: Vec<String> = groups.iter().map(ToString::to_string).collect();
+    Err(format!(
+        "expert tensor parallel over {} ranks splits the hidden dimension {hidden} by {unit} ({} of them) and leaves rank {rank} none ({} {word} per rank)",
+        groups.len(),
+        hidden / format.group_size,
+        per_rank.join(" + ")
+    ))
+}
+
 /// One projection of the local experts: packed values, scales and (affine)
 /// biases, placed as `P` (by expert, by output row, or by whole groups of
 /// input columns).
@@ -238,4 +270,25 @@ pub(super) fn supported(s: &Stream) -> Result<()> {
         s,
     )?;
     crate::runtime::eval(&[&y]).map_err(|e| Error::Setting(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{keep, PackedFormat};
+    use crate::nn::ExpertPlacement::{ExpertParallel, ExpertTensorParallel};
+
+    #[test]
+    fn packed_experts_stay_packed_unless_a_sliced_rank_gets_no_group() {
+        let affine = PackedFormat::affine(64, 4);
+        assert_eq!(keep(ExpertParallel, 64, affine, &[1, 0]), Ok(()));
+        assert_eq!(keep(ExpertTensorParallel, 128, affine, &[1, 1]), Ok(()));
+        assert_eq!(
+            keep(ExpertTensorParallel, 64, affine, &[1, 0]),
+            Err("expert tensor parallel over 2 ranks splits the hidden dimension 64 by whole quantization groups of 64 (1 of them) and leaves rank 1 none (1 + 0 groups per rank)".to_owned())
+        );
+        assert_eq!(
+            keep(ExpertTensorParallel, 96, PackedFormat::MXFP4, &[3, 0]),
+            Err("expert tensor parallel over 2 ranks splits the hidden dimension 96 by MXFP4's blocks of 32 (3 of them) and leaves rank 1 none (3 + 0 blocks per rank)".to_owned())
+        );
+    }
 }

@@ -79,8 +79,7 @@ pub(super) fn read(
         return Ok(Some((read_float(w, &names, shapes, placement, s)?, None)));
     };
     let format = PackedFormat::affine(group_size, bits);
-    let groups = w.lengths(hidden / group_size);
-    let kept = keep(placement, hidden, group_size, &groups);
+    let kept = super::packed::keep(placement, hidden, format, &w.lengths(hidden / group_size));
     let part = match &kept {
         Ok(()) => Experts::Packed(Box::new(read_packed(
             w,
@@ -95,25 +94,6 @@ pub(super) fn read(
         }
     };
     Ok(Some((part, Some((format, kept)))))
-}
-
-/// Whether packed experts stay packed: under expert tensor parallelism
-/// every rank needs a whole group of the hidden dimension (`groups`: each
-/// rank's count).
-fn keep(
-    placement: ExpertPlacement,
-    hidden: usize,
-    group_size: usize,
-    groups: &[usize],
-) -> std::result::Result<(), String> {
-    match groups.iter().position(|&g| g == 0) {
-        Some(rank) if placement == ExpertPlacement::ExpertTensorParallel => Err(format!(
-            "expert tensor parallel over {} ranks splits the hidden dimension {hidden} by whole quantization groups of {group_size} ({} of them) and leaves rank {rank} none",
-            groups.len(),
-            hidden / group_size
-        )),
-        _ => Ok(()),
-    }
 }
 
 /// Where a rank's part of a projection is: `(axis, (first, count))`.
@@ -133,7 +113,7 @@ fn cuts(
             ([(0, part); 3], w.lengths(experts))
         }
         ExpertPlacement::ExpertTensorParallel => {
-            let split: Vec<usize> = w.lengths(hidden / unit).iter().map(|g| g * unit).collect();
+            let split = w.lengths_in(hidden, unit);
             let rank = w.comm().rank();
             let part = (split[..rank].iter().sum(), split[rank]);
             ([(1, part), (1, part), (2, part)], split)
