@@ -15,7 +15,9 @@
 //! ```
 //!
 //! The prompt is the token ids `(i * 7919) % 20000 + 100`, which the
-//! peers' script (`xtask/bench/peers.py`) feeds too.
+//! peers' script (`xtask/bench/peers.py`) feeds too. The row also has the
+//! load's time (`load_seconds`, rank 0) and each rank's peak resident
+//! memory once loaded (`load_peak_rss_mib`, Linux's `VmHWM`, by rank).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -105,7 +107,10 @@ fn run() -> Result<(), String> {
         }
     };
     let path = std::path::Path::new(&model_path);
-    let mesh: MeshSpec = flag("--mesh").unwrap_or_default().parse().map_err(err)?;
+    let mesh: MeshSpec = match flag("--mesh") {
+        Some(m) => m.parse().map_err(err)?,
+        None => MeshSpec::default(),
+    };
     let axes = mesh.resolve(n).map_err(err)?;
     let chunk = number("--prefill-chunk", 64)?;
     let options = LoadOptions {
@@ -118,6 +123,7 @@ fn run() -> Result<(), String> {
     } else {
         None
     };
+    let load_started = Instant::now();
     let loaded = if let Some(mesh) = &mesh {
         let split = LayerSplit::Even(axes.pp);
         let stage = mesh.coord("pp").map_err(err)?;
@@ -133,6 +139,12 @@ fn run() -> Result<(), String> {
         load_with(&group, path, options, &s)
     }
     .map_err(err)?;
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    // Each rank's peak resident memory so far, gathered on every rank.
+    let mut mine = vec![0.0f32; n];
+    mine[rank] = peak_rss_mib()? as f32;
+    let peaks = all_sum(&Array::from_slice(&mine, &[n as i32]), &group, &s).map_err(err)?;
+    let peaks = values(&peaks, &s)?;
     let model = &loaded.model;
     let vocab = model.config().vocab_size;
     let prompt: Vec<u32> = (0..prompt_len)
@@ -229,6 +241,8 @@ fn run() -> Result<(), String> {
             "all_sum_4k_us": median(latencies),
             "decode_graph_us": (!graph_us.is_empty()).then(|| median(graph_us)),
             "weight_bytes_per_rank": model.weight_bytes(),
+            "load_seconds": load_seconds,
+            "load_peak_rss_mib": peaks,
             "cache_bytes_per_token": model.cache_bytes_per_token(),
             "per_head_cache_bytes_per_token": model.per_head_cache_bytes_per_token(),
             "experts": model.config().moe.as_ref().map(|_| experts.as_str()),
@@ -237,6 +251,19 @@ fn run() -> Result<(), String> {
         safemlx_dist_examples::append_lines(&out, &[row])?;
     }
     Ok(())
+}
+
+/// This process's peak resident memory in MiB (`VmHWM` of
+/// `/proc/self/status`).
+fn peak_rss_mib() -> Result<f64, String> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| format!("cannot read /proc/self/status: {e}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+        .ok_or_else(|| "/proc/self/status has no VmHWM line".to_owned())
 }
 
 fn prefill_len_per_s(tokens: usize, seconds: f64) -> f64 {

@@ -64,7 +64,10 @@ fn run() -> Result<(), String> {
     );
     let backend = backend_from_args()?;
     let world = init(true, backend).map_err(err)?;
-    let spec: MeshSpec = flag("--mesh").unwrap_or_default().parse().map_err(err)?;
+    let spec: MeshSpec = match flag("--mesh") {
+        Some(m) => m.parse().map_err(err)?,
+        None => MeshSpec::default(),
+    };
     let axes = spec.resolve(world.size()).map_err(err)?;
     let mesh = DeviceMesh::new(&world, &[("pp", axes.pp), ("tp", axes.tp)]).map_err(err)?;
     let mut lines = Vec::new();

@@ -208,3 +208,47 @@ def make_gpt_oss(out, tokenizer_dir):
         t[m + "experts.down_proj_blocks"], t[m + "experts.down_proj_scales"] = blocks, scales
         t[m + "experts.down_proj_bias"] = w(e, d)
     write_model(out, t, config, tokenizer_dir)
+
+
+def make_qwen3_moe(out, tokenizer_dir):
+    """A random Qwen3-MoE-shaped model (Qwen3-30B-A3B's layout, scaled
+    down: q/k norms, softmax routing renormalised over the top 4 of 32
+    experts of 512), every row a multiple of 256 so that llama.cpp's
+    K-quants apply: the float model `bench moe quantized` converts to
+    mlx-community's 4-bit layout and to GGUF Q4_K_M."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    d, heads, kv, hd, e, h, v, layers = 1024, 16, 4, 64, 32, 512, 320, 8
+    config = {"model_type": "qwen3_moe", "vocab_size": v, "hidden_size": d,
+              "intermediate_size": 2048, "moe_intermediate_size": h,
+              "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "head_dim": hd, "num_experts": e,
+              "num_experts_per_tok": 4, "norm_topk_prob": True,
+              "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": "float32"}
+    rng = np.random.default_rng(4)
+
+    def w(*shape, scale=0.03):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(v, d), "model.norm.weight": 1.0 + w(d),
+         "lm_head.weight": w(v, d)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t[p + "input_layernorm.weight"] = 1.0 + w(d)
+        t[p + "post_attention_layernorm.weight"] = 1.0 + w(d)
+        t[a + "q_proj.weight"] = w(heads * hd, d)
+        t[a + "k_proj.weight"] = w(kv * hd, d)
+        t[a + "v_proj.weight"] = w(kv * hd, d)
+        t[a + "o_proj.weight"] = w(d, heads * hd)
+        t[a + "q_norm.weight"] = 1.0 + w(hd)
+        t[a + "k_norm.weight"] = 1.0 + w(hd)
+        t[p + "mlp.gate.weight"] = w(e, d, scale=0.5)
+        for x in range(e):
+            for name, shape in [("gate_proj", (h, d)), ("up_proj", (h, d)),
+                                ("down_proj", (d, h))]:
+                t[p + f"mlp.experts.{x}.{name}.weight"] = w(*shape)
+    write_model(out, t, config, tokenizer_dir)

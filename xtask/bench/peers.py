@@ -39,6 +39,20 @@
                                  of each head rotated, q/k norms and biases,
                                  32 experts of 512 in 4 groups, top-4, 1
                                  shared expert, layer 0 dense)
+    peers.py make-qwen3-moe DIR TOKENIZER_DIR
+                                 a random Qwen3-MoE-shaped model (D 1024, 8
+                                 layers, 16 heads of 64, 4 KV heads, q/k
+                                 norms, 32 experts of 512, top-4)
+    peers.py quantize-mlx DIR OUT
+                                 mlx-lm's converter: DIR at 4 bits, groups
+                                 of 64, into OUT (mlx-community's layout)
+    peers.py gguf-q4km DIR GGUF
+                                 the Qwen3-MoE of DIR as llama.cpp's Q4_K_M
+                                 (F32 GGUF under llama.cpp's names, then
+                                 llama.cpp's quantizer)
+    peers.py llama-cpp-peer GGUF OUT PROMPT DECODE THREADS [REPEATS]
+                                 llama.cpp on GGUF, one JSON line as
+                                 moe-peer's
     peers.py moe-peer DIR OUT PROMPT DECODE THREADS [REPEATS]
                                  mlx-lm on DIR, as `run` does (REPEATS timed
                                  runs after a warm-up, 3 by default)
@@ -68,7 +82,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_models import make_deepseek, make_glm, make_gpt_oss, make_moe
+from bench_models import make_deepseek, make_glm, make_gpt_oss, make_moe, make_qwen3_moe
+from quantized_models import gguf_q4km, quantize_mlx
 
 
 LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -186,9 +201,25 @@ def moe_peer(hf_dir, out, n_prompt, decode, threads, repeats="3"):
         f.write(json.dumps(row) + "\n")
 
 
+def llama_cpp_peer(gguf_path, out, n_prompt, decode, threads, repeats="3"):
+    ids, decode = prompt(int(n_prompt), 320), int(decode)
+    pre, dec = run_llama_cpp(gguf_path, ids, decode, threads, int(repeats))
+    row = {"impl": "llama.cpp", "backend": "none", "ranks": 1, "threads": threads,
+           "model": gguf_path, "weights": "GGUF as stored", "prompt_tokens": len(ids),
+           "decode_tokens": decode, "prefill_tokens_per_s": len(ids) / median(pre),
+           "decode_tokens_per_s": median(dec)}
+    with open(out, "a") as f:
+        print(json.dumps(row))
+        f.write(json.dumps(row) + "\n")
+
+
 def weights(hf_dir):
-    """The experts' stored form: "mxfp4" for gpt-oss as shipped, else "f32"."""
+    """The experts' stored form: "mxfp4" for gpt-oss as shipped, MLX's
+    affine bits for an mlx-community directory, else "f32"."""
     config = json.loads((Path(hf_dir) / "config.json").read_text())
+    q = config.get("quantization")
+    if q:
+        return f"{q['bits']}-bit affine (groups of {q['group_size']})"
     return config.get("quantization_config", {}).get("quant_method", "f32")
 
 
@@ -257,7 +288,7 @@ def graph_mlx_lm(hf_dir, out, n_prompt, decode):
         f.write(json.dumps(row) + "\n")
 
 
-def run_llama_cpp(gguf_path, ids, decode, threads):
+def run_llama_cpp(gguf_path, ids, decode, threads, repeats=3):
     from llama_cpp import Llama
 
     n = os.cpu_count() if threads == "all" else 1
@@ -280,7 +311,7 @@ def run_llama_cpp(gguf_path, ids, decode, threads):
             token = int(np.argmax(last_logits()))
         return decode
 
-    return bench(prefill, steps)
+    return bench(prefill, steps, repeats)
 
 
 def main():
@@ -298,6 +329,14 @@ def main():
         return make_gpt_oss(sys.argv[2], sys.argv[3])
     if sys.argv[1] == "make-glm":
         return make_glm(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "make-qwen3-moe":
+        return make_qwen3_moe(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "quantize-mlx":
+        return quantize_mlx(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "gguf-q4km":
+        return gguf_q4km(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "llama-cpp-peer":
+        return llama_cpp_peer(*sys.argv[2:8])
     if sys.argv[1] == "moe-peer":
         return moe_peer(*sys.argv[2:8])
     gguf_path, hf_dir, quantized_dir, out, n_prompt, decode, threads = sys.argv[2:9]

@@ -8,7 +8,7 @@
 //! - `bench collectives` measure every collective and lowering (JSON lines)
 //! - `bench layers` measure the parallel layers against dense (JSON lines)
 //! - `bench generate` SmolLM2 generation at 1-3 ranks beside mlx-lm and llama.cpp
-//! - `bench moe [deepseek|gpt-oss]` the MoE layer, a small MoE model, DeepSeek- and gpt-oss-shaped models, both placements
+//! - `bench moe [deepseek|gpt-oss|glm|quantized]` the MoE layer, a small MoE model, DeepSeek-, gpt-oss- and GLM-shaped models, both placements; a Qwen3-MoE-shaped model as mlx-lm's 4-bit directory and llama.cpp's Q4_K_M beside both
 //! - `bench serve` `safemlx serve` under 1-16 clients beside mlx_lm.server and llama.cpp's server
 //! - `bench train` tensor-parallel training at 1-4 ranks beside MLX Python
 //! - `faults [TRIALS]` kill the launcher at random times; check nothing survives it;
@@ -28,7 +28,7 @@ mod tasks;
 use std::process::ExitCode;
 
 const USAGE: &str =
-    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate|bench moe [deepseek|gpt-oss]|bench serve|bench train|faults [TRIALS]>";
+    "usage: cargo xtask <setup|test|demo|bindgen|bench collectives|bench layers|bench generate|bench moe [deepseek|gpt-oss|glm|quantized]|bench serve|bench train|faults [TRIALS]>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -7,6 +7,7 @@ mod layers;
 mod layouts;
 mod mesh;
 mod moe;
+mod quantized_moe;
 mod serve;
 mod train;
 
@@ -174,4 +175,20 @@ pub(super) fn ceiling(release: &Path, args: &[&str], out: &Path, name: &str) -> 
         .open(out)
         .map_err(|e| format!("cannot open {}: {e}", out.display()))?;
     writeln!(file, "{row}").map_err(|e| e.to_string())
+}
+
+/// Whether row `r` measured the model whose directory's name has `name`.
+pub(super) fn is_model(r: &Value, name: &str) -> bool {
+    r["model"].as_str().is_some_and(|m| m.contains(name))
+}
+
+/// The median of `key` over the rows `keep` selects.
+pub(super) fn median_of(rows: &[Value], keep: impl Fn(&Value) -> bool, key: &str) -> Option<f64> {
+    let mut v: Vec<f64> = rows
+        .iter()
+        .filter(|r| keep(r))
+        .filter_map(|r| r[key].as_f64())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }

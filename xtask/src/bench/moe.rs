@@ -11,9 +11,10 @@
 //! cache's bytes per token beside a per-head cache's; then the same rows
 //! for a random gpt-oss-shaped model (MXFP4 experts kept as stored on
 //! both sides, sinks, windows) and a random GLM-4-MoE-shaped one (partial
-//! rotary embedding, q/k norms, grouped routing). `cargo xtask bench moe
-//! deepseek`, `... moe gpt-oss` or `... moe glm` runs only that model's
-//! rows. JSON lines in
+//! rotary embedding, q/k norms, grouped routing); then the quantized
+//! forms of a Qwen3-MoE-shaped model (`quantized_moe.rs`). `cargo xtask
+//! bench moe deepseek`, `... moe gpt-oss`, `... moe glm` or `... moe
+//! quantized` runs only that model's rows. JSON lines in
 //! `target/bench/moe.jsonl` (layer rows have `"layer"`, model rows
 //! `"impl"`), then a table and the targets' ratios.
 
@@ -23,7 +24,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::generate::peers_python;
-use super::{dense_layer, finish, launch, prepare};
+use super::{dense_layer, finish, is_model, launch, median_of, prepare};
 use crate::cmd;
 
 const LAYER: [&str; 12] = [
@@ -79,12 +80,19 @@ const SHAPED: [Shaped; 3] = [
     },
 ];
 
-/// `only`: `deepseek`, `gpt-oss` or `glm` runs that model's rows alone.
+/// `only`: `deepseek`, `gpt-oss`, `glm` or `quantized` runs that
+/// model's rows alone.
 pub fn run(only: Option<&str>) -> Result<(), String> {
+    if only == Some("quantized") {
+        let (release, out) = prepare("moe-quantized.jsonl")?;
+        super::quantized_moe::rows(&release, &peers_python()?, &out)?;
+        super::quantized_moe::report(&finish(&out)?);
+        return Ok(());
+    }
     if let Some(name) = only {
         let Some(shaped) = SHAPED.iter().find(|m| m.name == name) else {
             return Err(format!(
-                "bench moe takes no argument, `deepseek`, `gpt-oss` or `glm`; got {name:?}"
+                "bench moe takes no argument, `deepseek`, `gpt-oss`, `glm` or `quantized`; got {name:?}"
             ));
         };
         let (release, out) = prepare(&format!("moe-{name}.jsonl"))?;
@@ -156,7 +164,10 @@ pub fn run(only: Option<&str>) -> Result<(), String> {
     for shaped in &SHAPED {
         shaped_rows(shaped, &release, &python, &out)?;
     }
-    report(&finish(&out)?);
+    super::quantized_moe::rows(&release, &python, &out)?;
+    let rows = finish(&out)?;
+    report(&rows);
+    super::quantized_moe::report(&rows);
     Ok(())
 }
 
@@ -263,22 +274,6 @@ fn model<'a>(rows: &'a [Value], backend: &str, ranks: u64, placement: &str) -> O
             && r["ranks"].as_u64() == Some(ranks)
             && r["experts"] == placement
     })
-}
-
-/// Whether row `r` measured the model whose directory's name has `name`.
-fn is_model(r: &Value, name: &str) -> bool {
-    r["model"].as_str().is_some_and(|m| m.contains(name))
-}
-
-/// The median of `key` over the rows `keep` selects.
-fn median_of(rows: &[Value], keep: impl Fn(&Value) -> bool, key: &str) -> Option<f64> {
-    let mut v: Vec<f64> = rows
-        .iter()
-        .filter(|r| keep(r))
-        .filter_map(|r| r[key].as_f64())
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
 }
 
 fn report(rows: &[Value]) {
