@@ -1,7 +1,10 @@
 //! GGUF MoE files as llama.cpp writes and quantizes them
 //! (`tests/golden/make_gguf_moe_goldens.py`: a tiny `qwen3moe`, a
 //! `qwen2moe` with its gated shared expert, and Mixtral as `llama` with
-//! experts; their F32 forms give llama.cpp's own logits): the experts
+//! experts; `make_gguf_deepseek_goldens.py`: a `deepseek2` with latent
+//! attention split per head, `attn_k_b` / `attn_v_b`, and YaRN;
+//! `make_gguf_glm_goldens.py`: a `glm4moe`; their F32 forms give
+//! llama.cpp's own logits): the experts
 //! stacked as `ffn_*_exps` are read as mlx-lm's `switch_mlp`, each rank
 //! reading only its experts or its whole blocks of every expert. Loaded as
 //! stored at 1, 2 and 4 ranks in both expert placements (and a weighted
@@ -12,8 +15,9 @@
 
 use std::path::PathBuf;
 
+use safemlx_dist::checkpoint::GgufFile;
 use safemlx_dist::launch::Ranks;
-use safemlx_dist::models::{load_layout, Layout, LoadOptions, Storage};
+use safemlx_dist::models::{load_layout, Layout, Llama, LoadOptions, Storage};
 use safemlx_dist::nn::ExpertPlacement;
 use safemlx_dist::Group;
 use safemlx_dist_tests::cpu;
@@ -24,7 +28,15 @@ fn file(name: &str) -> PathBuf {
 }
 
 /// The files, and what their load says about the experts.
-const CASES: [(&str, &str); 4] = [
+const CASES: [(&str, &str); 6] = [
+    (
+        "moe-deepseek2-Q8_0",
+        "keeping the 8-bit affine (groups of 32) experts of 1 layers as stored (MLX's affine quantized matmuls)",
+    ),
+    (
+        "moe-glm4moe-Q4_K_M",
+        "dequantizing the 4-bit affine (groups of 32) experts of 1 layers to float32 as they are read (about 6.4 times their stored bytes): the stack's projections are stored in different forms (`blk.1.ffn_gate_exps.weight` (model.layers.1.mlp.switch_mlp.gate_proj.weight) 4-bit affine (groups of 32), `blk.1.ffn_up_exps.weight` (model.layers.1.mlp.switch_mlp.up_proj.weight) 4-bit affine (groups of 32), `blk.1.ffn_down_exps.weight` (model.layers.1.mlp.switch_mlp.down_proj.weight) without an MLX affine form), and one stack of packed experts takes one",
+    ),
     (
         "moe-qwen3moe-Q8_0",
         "keeping the 8-bit affine (groups of 32) experts of 2 layers as stored (MLX's affine quantized matmuls)",
@@ -91,4 +103,26 @@ fn a_weighted_split_of_moe_experts() {
     Ranks::new(2)
         .run_test(|group| check(group, Some(vec![3, 1])))
         .unwrap();
+}
+
+/// llama.cpp counts GLM's and DeepSeek's multi-token-prediction layers in
+/// `block_count` (`nextn_predict_layers` of them, last): their tensors are
+/// left unread and the layers before them are the model. (The GLM file
+/// with `nextn_predict_layers` set to 1: its layer 1 becomes that layer.)
+#[test]
+fn the_multi_token_prediction_layers_of_a_gguf_are_left_unread() {
+    let s = cpu();
+    let mut bytes = std::fs::read(file("moe-glm4moe-Q4_K_M.gguf")).unwrap();
+    let key = b"glm4moe.nextn_predict_layers";
+    // The key, its value type (4 bytes: uint32), then the value.
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    assert_eq!(bytes[at..at + 4], 0u32.to_le_bytes());
+    bytes[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    let patched =
+        std::env::temp_dir().join(format!("safemlx-glm-nextn-{}.gguf", std::process::id()));
+    std::fs::write(&patched, bytes).unwrap();
+    let loaded = Llama::from_gguf(&Group::local(), GgufFile::open(&patched).unwrap(), &s);
+    std::fs::remove_file(&patched).ok();
+    let (model, _) = loaded.expect("layer 1 is left unread");
+    assert_eq!(model.config().layers, 1);
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use safemlx::{Array, Stream};
 
-use super::{GgufFile, TensorSource};
+use super::{GgufFile, GgufValue, TensorSource};
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
 
@@ -25,6 +25,9 @@ pub struct GgufWeights {
     permuted: Option<(usize, usize, usize)>,
     /// The file's tensors a model asked for, for [`check_all_read`](Self::check_all_read).
     asked: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// An architecture's own names of a layer's tensors (GLM's
+    /// `post_attention_norm` for `ffn_norm`).
+    renames: &'static [(&'static str, &'static str)],
 }
 
 impl GgufWeights {
@@ -35,7 +38,26 @@ impl GgufWeights {
             file,
             permuted,
             asked: std::sync::Mutex::default(),
+            renames: &[],
         }
+    }
+
+    /// The same, with an architecture's own names of a layer's tensors:
+    /// `(usual, its own)` pairs of llama.cpp's names (`ffn_norm`,
+    /// `post_attention_norm`).
+    pub fn renamed(self, renames: &'static [(&'static str, &'static str)]) -> Self {
+        Self { renames, ..self }
+    }
+
+    /// This file's name of the Hugging Face tensor `name`.
+    fn file_name(&self, name: &str) -> Option<String> {
+        let usual = Self::gguf_name(name)?;
+        let renamed = self.renames.iter().find_map(|(from, to)| {
+            let (layer, rest) = usual.strip_prefix("blk.")?.split_once('.')?;
+            let (part, suffix) = rest.split_once('.')?;
+            (part == *from).then(|| format!("blk.{layer}.{to}.{suffix}"))
+        });
+        Some(renamed.unwrap_or(usual))
     }
 
     /// The GGUF file.
@@ -50,7 +72,7 @@ impl GgufWeights {
             ("model.norm.weight", "output_norm.weight"),
             ("lm_head.weight", "output.weight"),
         ];
-        const LAYER: [(&str, &str); 19] = [
+        const LAYER: [(&str, &str); 30] = [
             ("input_layernorm", "attn_norm"),
             ("post_attention_layernorm", "ffn_norm"),
             ("self_attn.q_proj", "attn_q"),
@@ -72,6 +94,21 @@ impl GgufWeights {
             ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
             ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
             ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
+            // DeepSeek's shared experts, its router's correction bias and
+            // latent attention (`kv_b_proj` split per head as llama.cpp's
+            // converter writes it: `attn_k_b` [H, r, nope] is mlx-lm's
+            // `embed_q`, `attn_v_b` [H, v, r] its `unembed_out`).
+            ("mlp.shared_experts.gate_proj", "ffn_gate_shexp"),
+            ("mlp.shared_experts.up_proj", "ffn_up_shexp"),
+            ("mlp.shared_experts.down_proj", "ffn_down_shexp"),
+            ("self_attn.q_a_proj", "attn_q_a"),
+            ("self_attn.q_a_layernorm", "attn_q_a_norm"),
+            ("self_attn.q_b_proj", "attn_q_b"),
+            ("self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"),
+            ("self_attn.kv_a_layernorm", "attn_kv_a_norm"),
+            ("self_attn.kv_b_proj", "attn_kv_b"),
+            ("self_attn.embed_q", "attn_k_b"),
+            ("self_attn.unembed_out", "attn_v_b"),
         ];
         if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == name) {
             return Some((*g).to_owned());
@@ -79,13 +116,16 @@ impl GgufWeights {
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
         layer.parse::<usize>().ok()?;
+        if rest == "mlp.gate.e_score_correction_bias" {
+            return Some(format!("blk.{layer}.exp_probs_b.bias"));
+        }
         let (module, suffix) = rest.rsplit_once('.')?;
         let (_, g) = LAYER.iter().find(|(h, _)| *h == module)?;
         Some(format!("blk.{layer}.{g}.{suffix}"))
     }
 
     fn name(&self, name: &str) -> Result<String> {
-        let gguf = Self::gguf_name(name).ok_or_else(|| Error::Checkpoint {
+        let gguf = self.file_name(name).ok_or_else(|| Error::Checkpoint {
             path: self.file.path().display().to_string(),
             message: format!("has no GGUF name for tensor `{name}`"),
         })?;
@@ -99,24 +139,43 @@ impl GgufWeights {
     /// Checks, once a model is loaded, that it asked for every tensor of
     /// the file (llama.cpp refuses a file with tensors its metadata does
     /// not describe: "wrong number of tensors"); `rope_freqs.weight` is
-    /// read with the configuration.
+    /// read with the configuration, and the tensors of the
+    /// `nextn_predict_layers` layers from `layers` on (the
+    /// multi-token-prediction layers llama.cpp counts in `block_count`)
+    /// are left unread: their count is returned.
     ///
     /// # Errors
-    /// The tensors no one asked for, counted and the first three named.
-    pub fn check_all_read(&self) -> Result<()> {
+    /// The other tensors no one asked for, counted and the first three
+    /// named.
+    pub fn check_all_read(&self, layers: usize) -> Result<usize> {
         let asked = self
             .asked
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let unused: Vec<&str> = self
+        let meta = self.file.metadata();
+        let nextn = meta
+            .get("general.architecture")
+            .and_then(GgufValue::as_str)
+            .and_then(|arch| meta.get(&format!("{arch}.nextn_predict_layers")))
+            .and_then(GgufValue::as_u64)
+            .map_or(0, |n| n as usize);
+        let past = |n: &str| {
+            n.strip_prefix("blk.")
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| (layers..layers.saturating_add(nextn)).contains(&i))
+        };
+        let unread: Vec<&str> = self
             .file
             .tensors()
             .keys()
             .filter(|n| !asked.contains(*n) && n.as_str() != "rope_freqs.weight")
             .map(String::as_str)
             .collect();
+        let skipped = unread.iter().filter(|n| past(n)).count();
+        let unused: Vec<&str> = unread.into_iter().filter(|n| !past(n)).collect();
         if unused.is_empty() {
-            return Ok(());
+            return Ok(skipped);
         }
         let mut named: Vec<&str> = unused.iter().take(3).copied().collect();
         if unused.len() > named.len() {
@@ -191,7 +250,8 @@ impl TensorSource for GgufWeights {
         self.file.path()
     }
     fn contains(&self, name: &str) -> bool {
-        Self::gguf_name(name).is_some_and(|g| self.file.tensors().contains_key(&g))
+        self.file_name(name)
+            .is_some_and(|g| self.file.tensors().contains_key(&g))
     }
     fn shape(&self, name: &str) -> Result<Vec<i32>> {
         let shape = self.file.tensor(&self.name(name)?)?.shape.clone();
@@ -242,7 +302,7 @@ impl TensorSource for GgufWeights {
         unpermute_rows(&rows, head_dim, s)
     }
     fn quantization(&self, name: &str) -> Option<(usize, usize)> {
-        TensorSource::quantization(&self.file, &Self::gguf_name(name)?)
+        TensorSource::quantization(&self.file, &self.file_name(name)?)
     }
     fn read_quantized_rows(
         &self,
@@ -294,7 +354,7 @@ impl TensorSource for GgufWeights {
         self.file.bytes_read()
     }
     fn stored_name(&self, name: &str) -> String {
-        Self::gguf_name(name).unwrap_or_else(|| name.to_owned())
+        self.file_name(name).unwrap_or_else(|| name.to_owned())
     }
 }
 

@@ -7,7 +7,8 @@ use crate::nn::Gating;
 
 impl LlamaConfig {
     /// Reads a GGUF file's metadata (`general.architecture` `llama`,
-    /// `qwen2`, `qwen3`, `qwen2moe` or `qwen3moe`; llama.cpp stores
+    /// `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, or `deepseek2` and
+    /// `glm4moe`, whose metadata is read as their `config.json`; llama.cpp stores
     /// Mistral as `llama`, and Mixtral as `llama` with `expert_count`).
     /// Tied embeddings are a file without `output.weight`; Llama 3's RoPE
     /// scaling is the `rope_freqs.weight` tensor.
@@ -25,6 +26,14 @@ impl LlamaConfig {
             .get("general.architecture")
             .and_then(GgufValue::as_str)
             .ok_or_else(|| fail("has no general.architecture".to_owned()))?;
+        let keys = super::config_gguf_keys::GgufKeys { file, arch };
+        match arch {
+            "deepseek2" => {
+                return Self::from_hf(&super::deepseek_v3::config_from_gguf(&keys)?, &path)
+            }
+            "glm4moe" => return Self::from_hf(&super::glm4_moe::config_from_gguf(&keys)?, &path),
+            _ => {}
+        }
         let family = match arch {
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
@@ -33,7 +42,7 @@ impl LlamaConfig {
             "qwen3moe" => Family::Qwen3Moe,
             other => {
                 return Err(fail(format!(
-                    "general.architecture is \"{other}\", which is not a model read here; supported: llama (and Mistral, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe"
+                    "general.architecture is \"{other}\", which is not a model read here; supported: llama (and Mistral, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, glm4moe"
                 )))
             }
         };
@@ -223,6 +232,18 @@ impl LlamaConfig {
             &fail,
         )?;
         Ok(config)
+    }
+}
+
+impl LlamaConfig {
+    /// llama.cpp's names of a layer's tensors that this family's GGUF
+    /// architecture gives its own way (`(usual, its own)`; GLM's
+    /// `post_attention_norm`).
+    pub fn gguf_renames(&self) -> &'static [(&'static str, &'static str)] {
+        match self.family {
+            Family::Glm4Moe => super::glm4_moe::GGUF_RENAMES,
+            _ => &[],
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! DeepSeek-V3 (`model_type` `deepseek_v3`: DeepSeek-V3, R1; not yet `kimi_k2`):
+//! DeepSeek-V3 (`model_type` `deepseek_v3`: DeepSeek-V3, R1; `kimi_k2`; GGUF `deepseek2`):
 //! the Llama decoder (`models/llama.rs`, which reads this file's settings
 //! and names) with multi-head latent attention
 //! ([`MlaAttention`](crate::nn::MlaAttention)) and GLM-4-MoE's routing, as
@@ -22,7 +22,10 @@
 //! layer (`model.layers.{num_hidden_layers}..`) are not read; loading
 //! names them in one warning ([`mtp_warning`]).
 
+use serde_json::Value;
+
 use super::config::{MlaSettings, MoeSettings};
+use super::config_gguf_keys::GgufKeys;
 use super::config_keys::Keys;
 use crate::error::Result;
 use crate::nn::MlaNames;
@@ -88,6 +91,83 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<Option<MoeSettings>> {
     let layers = keys.need("num_hidden_layers")?;
     moe.mlp_only_layers = (0..layers).filter(|i| i % freq != 0).collect();
     Ok(Some(moe))
+}
+
+/// A `deepseek2` GGUF's metadata (llama.cpp's converter's names for
+/// DeepSeek-V3, R1 and Kimi K2) as the `config.json` of the same model,
+/// which [`LlamaConfig::from_hf`](super::LlamaConfig::from_hf) reads:
+/// `key_length_mla` / `value_length_mla` are the query head's and value's
+/// widths (`key_length` / `value_length` in files without them), the
+/// rotated part is `rope.dimension_count`, `yarn_log_multiplier` is `0.1 *
+/// mscale_all_dim` (and `mscale` equals it, as in DeepSeek's own
+/// configurations); the experts as
+/// [`GgufKeys::grouped_experts`] reads them.
+///
+/// # Errors
+/// A missing or ill-typed key, a query head no wider than its rotated
+/// part, or a RoPE scaling other than none or YaRN; the key named.
+pub(super) fn config_from_gguf(g: &GgufKeys) -> Result<Value> {
+    let mut c = g.hf_base("deepseek_v3")?;
+    g.grouped_experts(&mut c)?;
+    let rope = g.need("rope.dimension_count")?;
+    let key = match g.int("attention.key_length_mla")? {
+        Some(k) => k,
+        None => g.need("attention.key_length")?,
+    };
+    let value = match g.int("attention.value_length_mla")? {
+        Some(v) => v,
+        None => g.need("attention.value_length")?,
+    };
+    if key <= rope {
+        return Err(g.fail(format!(
+            "the query head's width ({key}) is not above {} ({rope})",
+            g.key("rope.dimension_count")
+        )));
+    }
+    let mut put = |k: &str, v: Value| {
+        c.insert(k.into(), v);
+    };
+    put(
+        "num_key_value_heads",
+        g.need("attention.head_count")?.into(),
+    );
+    put("kv_lora_rank", g.need("attention.kv_lora_rank")?.into());
+    put("qk_rope_head_dim", rope.into());
+    put("qk_nope_head_dim", (key - rope).into());
+    put("v_head_dim", value.into());
+    if let Some(v) = g.int("attention.q_lora_rank")? {
+        put("q_lora_rank", v.into());
+    }
+    match g.text("rope.scaling.type") {
+        None | Some("none") => {}
+        Some("yarn") => {
+            let need_float = |k: &str| -> Result<f64> {
+                g.float(k)?
+                    .ok_or_else(|| g.fail(format!("has YaRN scaling but no {}", g.key(k))))
+            };
+            let mscale = g.float("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0) / 0.1;
+            let original = g.need("rope.scaling.original_context_length")?;
+            put(
+                "rope_scaling",
+                serde_json::json!({
+                    "type": "yarn",
+                    "factor": need_float("rope.scaling.factor")?,
+                    "original_max_position_embeddings": original,
+                    "beta_fast": g.float("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                    "beta_slow": g.float("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                    "mscale": mscale,
+                    "mscale_all_dim": mscale,
+                }),
+            );
+        }
+        Some(other) => {
+            return Err(g.fail(format!(
+                "{} is \"{other}\"; supported: none, yarn",
+                g.key("rope.scaling.type")
+            )))
+        }
+    }
+    Ok(Value::Object(c))
 }
 
 /// The tensors among `names` of layers `layers` and after

@@ -22,7 +22,10 @@
 //! multi-token-prediction layer a checkpoint may hold after the last
 //! layer (`model.layers.{num_hidden_layers}`) is not read.
 
+use serde_json::Value;
+
 use super::config::{ExpertLayout, MoeSettings};
+use super::config_gguf_keys::GgufKeys;
 use super::config_keys::Keys;
 use super::llama::{MLP, QWEN_EXPERTS};
 use crate::error::Result;
@@ -35,6 +38,40 @@ pub(super) const EXPERTS: ExpertNames = ExpertNames {
     shared: ("shared_experts", MLP),
     ..QWEN_EXPERTS
 };
+
+/// llama.cpp's names in a `glm4moe` GGUF that differ from the other
+/// architectures': the norm before the MLP.
+pub(super) const GGUF_RENAMES: &[(&str, &str)] = &[("ffn_norm", "post_attention_norm")];
+
+/// A `glm4moe` GGUF's metadata (llama.cpp's converter's names for
+/// GLM-4.5 and 4.6) as the `config.json` of the same model, which
+/// [`LlamaConfig::from_hf`](super::LlamaConfig::from_hf) reads: the head
+/// width `key_length`, the rotated part `rope.dimension_count` (as
+/// `partial_rotary_factor`), q/k norms and attention biases where the
+/// file has their tensors, the experts as
+/// [`GgufKeys::grouped_experts`] reads them.
+///
+/// # Errors
+/// A missing or ill-typed key (named).
+pub(super) fn config_from_gguf(g: &GgufKeys) -> Result<Value> {
+    let mut c = g.hf_base("glm4_moe")?;
+    g.grouped_experts(&mut c)?;
+    let heads = g.need("attention.head_count")?;
+    let head_dim = match g.int("attention.key_length")? {
+        Some(d) => d,
+        None => g.need("embedding_length")? / heads,
+    };
+    let rotated = g.int("rope.dimension_count")?.unwrap_or(head_dim);
+    let has = |t: &str| g.file.tensors().contains_key(t);
+    let kv = g.int("attention.head_count_kv")?.unwrap_or(heads);
+    c.insert("num_key_value_heads".into(), kv.into());
+    c.insert("head_dim".into(), head_dim.into());
+    let factor = rotated as f64 / head_dim as f64;
+    c.insert("partial_rotary_factor".into(), factor.into());
+    c.insert("use_qk_norm".into(), has("blk.0.attn_q_norm.weight").into());
+    c.insert("attention_bias".into(), has("blk.0.attn_q.bias").into());
+    Ok(Value::Object(c))
+}
 
 /// The experts of a GLM-4-MoE `config.json` (and of DeepSeek-V3's, the
 /// same keys; `family` names the model in messages), checked.

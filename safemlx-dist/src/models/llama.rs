@@ -135,7 +135,7 @@ impl Llama {
     pub fn from_gguf(group: &Group, file: GgufFile, s: &Stream) -> Result<(Self, GgufWeights)> {
         let (config, weights) = Self::gguf_weights(file, s)?;
         let model = Self::load(&Weights::new(&weights, group), config, s)?;
-        weights.check_all_read()?;
+        weights.check_all_read(model.config.layers)?;
         Ok((model, weights))
     }
 
@@ -154,7 +154,8 @@ impl Llama {
             config.kv_heads,
             config.head_dim,
         ));
-        Ok((config, GgufWeights::new(file, permuted)))
+        let renames = config.gguf_renames();
+        Ok((config, GgufWeights::new(file, permuted).renamed(renames)))
     }
 
     /// Loads this rank's part of the tensors of `w` (Hugging Face names)

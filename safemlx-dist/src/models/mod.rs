@@ -20,6 +20,7 @@
 pub mod config;
 mod config_check;
 mod config_gguf;
+mod config_gguf_keys;
 mod config_hf;
 mod config_keys;
 mod config_rope;
@@ -209,7 +210,14 @@ fn load_part(
         }
         // A stage reads only its own tensors.
         if model.stage().is_whole() {
-            source.check_all_read()?;
+            let past = source.check_all_read(model.config().layers)?;
+            if past > 0 && group.rank() == 0 {
+                eprintln!(
+                    "warning: model {}: skipping {past} tensors of the layers from blk.{} on (llama.cpp's multi-token-prediction layers): generation does not use them",
+                    path.display(),
+                    model.config().layers
+                );
+            }
         }
         (model, Box::new(source), tokenizer)
     };
