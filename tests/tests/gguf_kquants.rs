@@ -73,3 +73,35 @@ fn a_weighted_split_reads_whole_super_blocks() {
         .run_test(|group| check(group, Some(vec![3, 1])))
         .unwrap();
 }
+
+/// A Phi-4-mini as llama.cpp's converter writes it (`phi3`: `attn_qkv`
+/// and `ffn_up` fused, 3/4 of each head rotated, LongRoPE factors as
+/// tensors; made by `tests/golden/make_gguf_phi3_goldens.py`, whose F32
+/// form gives llama.cpp's own logits) and quantized to Q4_K_M by
+/// llama.cpp (Q4_K, Q5_K and Q6_K tensors) gives mlx-lm's logits of the
+/// same model dequantized, at 1, 2 and 4 ranks.
+#[test]
+fn a_llama_cpp_phi4_mini_gives_the_dequantized_models_logits() {
+    for n in [1, 2, 4] {
+        Ranks::new(n)
+            .run_test(|group| {
+                let s = cpu();
+                let path = file("phi4-mini-Q4_K_M.gguf");
+                let (prompt, want) = golden(&file("phi4-mini-Q4_K_M.safetensors"), &s);
+                let what = format!(
+                    "phi4-mini Q4_K_M, rank {} of {}",
+                    group.rank(),
+                    group.size()
+                );
+                let options = LoadOptions {
+                    weights: Storage::AsStored,
+                    ..LoadOptions::default()
+                };
+                let placed = load_layout(group, &path, options, &Layout::default(), &s)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(placed.loaded.model.is_quantized(), "{what}");
+                check_logits(&placed.loaded.model, &prompt, &want, &what);
+            })
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}

@@ -72,7 +72,7 @@ impl GgufWeights {
             ("model.norm.weight", "output_norm.weight"),
             ("lm_head.weight", "output.weight"),
         ];
-        const LAYER: [(&str, &str); 30] = [
+        const LAYER: [(&str, &str); 32] = [
             ("input_layernorm", "attn_norm"),
             ("post_attention_layernorm", "ffn_norm"),
             ("self_attn.q_proj", "attn_q"),
@@ -109,6 +109,9 @@ impl GgufWeights {
             ("self_attn.kv_b_proj", "attn_kv_b"),
             ("self_attn.embed_q", "attn_k_b"),
             ("self_attn.unembed_out", "attn_v_b"),
+            // Phi-3's fused q/k/v and gate/up (gate rows first).
+            ("self_attn.qkv_proj", "attn_qkv"),
+            ("mlp.gate_up_proj", "ffn_up"),
         ];
         if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == name) {
             return Some((*g).to_owned());
@@ -138,8 +141,8 @@ impl GgufWeights {
 
     /// Checks, once a model is loaded, that it asked for every tensor of
     /// the file (llama.cpp refuses a file with tensors its metadata does
-    /// not describe: "wrong number of tensors"); `rope_freqs.weight` is
-    /// read with the configuration, and the tensors of the
+    /// not describe: "wrong number of tensors"); RoPE's tensors are read
+    /// with the configuration, and the tensors of the
     /// `nextn_predict_layers` layers from `layers` on (the
     /// multi-token-prediction layers llama.cpp counts in `block_count`)
     /// are left unread: their count is returned.
@@ -169,7 +172,7 @@ impl GgufWeights {
             .file
             .tensors()
             .keys()
-            .filter(|n| !asked.contains(*n) && n.as_str() != "rope_freqs.weight")
+            .filter(|n| !asked.contains(*n) && !ROPE_TENSORS.contains(&n.as_str()))
             .map(String::as_str)
             .collect();
         let skipped = unread.iter().filter(|n| past(n)).count();
@@ -357,6 +360,14 @@ impl TensorSource for GgufWeights {
         self.file_name(name).unwrap_or_else(|| name.to_owned())
     }
 }
+
+/// RoPE's tensors, read with the configuration (Llama 3's frequencies,
+/// Phi-3's LongRoPE factors).
+const ROPE_TENSORS: [&str; 3] = [
+    "rope_freqs.weight",
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+];
 
 /// The shared expert's gate, which llama.cpp stores as a vector.
 const SHARED_GATE: &str = "mlp.shared_expert_gate.weight";
