@@ -38,11 +38,45 @@ fn ring_ranks_get_their_environment_and_prefixed_output() {
         .lines()
         .find(|l| l.starts_with("[rank 0] [["))
         .expect("the hostfile is printed");
-    assert_eq!(
-        hostfile_line.matches("127.0.0.1:").count(),
-        3,
+    // Three ranks on one loopback address of the run's own (127.a.b.c).
+    let hosts: Vec<Vec<String>> =
+        serde_json::from_str(hostfile_line.trim_start_matches("[rank 0] ")).expect("JSON");
+    let addresses: Vec<std::net::SocketAddr> = hosts
+        .iter()
+        .map(|h| h[0].parse().expect("ip:port"))
+        .collect();
+    assert_eq!(addresses.len(), 3, "{hostfile_line}");
+    assert!(
+        addresses
+            .iter()
+            .all(|a| a.ip().is_loopback() && a.ip() == addresses[0].ip()),
         "{hostfile_line}"
     );
+}
+
+/// Two runs launched at once never share an address: each run's ranks
+/// listen on a loopback address of its own, so a port the kernel hands
+/// both (one freed by the other's launcher) cannot join them.
+#[test]
+fn concurrent_runs_listen_on_addresses_of_their_own() {
+    let script = r#"cat "$MLX_HOSTFILE"; echo"#;
+    let runs: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(move || launch(&["-n", "2", "--", "sh", "-c", script]).0))
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for run in runs {
+        let out = run.join().expect("launches");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let line = stdout(&out)
+            .lines()
+            .find(|l| l.starts_with("[rank 0] [["))
+            .expect("the hostfile is printed")
+            .to_owned();
+        let hosts: Vec<Vec<String>> =
+            serde_json::from_str(line.trim_start_matches("[rank 0] ")).expect("JSON");
+        let ip = hosts[0][0].rsplit_once(':').expect("ip:port").0.to_owned();
+        assert!(seen.insert(ip), "two runs on one address: {line}");
+    }
 }
 
 #[test]

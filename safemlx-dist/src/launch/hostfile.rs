@@ -1,6 +1,6 @@
 //! The ring backend's host list: `[["ip:port", ...], ...]`, one list per rank.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
 use super::LaunchError;
@@ -15,10 +15,15 @@ impl RingHosts {
     /// `ranks` loopback addresses on ports that were free when asked for.
     ///
     /// All listeners are held until every port is chosen, so the ports are
-    /// distinct; they are released before the ranks start.
+    /// distinct; they are released before the ranks start. The address is
+    /// the run's own, `127.a.b.c` at random (Linux routes all of
+    /// `127.0.0.0/8` to the loopback device): a port released here and
+    /// handed by the kernel to a run launched at the same moment is then
+    /// on another address, so concurrent runs never meet.
     pub fn loopback(ranks: usize) -> Result<Self, LaunchError> {
+        let address = run_address();
         let listeners = (0..ranks)
-            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .map(|_| TcpListener::bind((address, 0)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| LaunchError::Io(format!("could not reserve a loopback port: {e}")))?;
         let ranks = listeners
@@ -147,6 +152,17 @@ impl TempHostfile {
 impl Drop for TempHostfile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A loopback address for one run: `127.a.b.c`, `a`, `b` and `c` at
+/// random (`c` neither 0 nor 255); `127.0.0.1` when the system gives no
+/// random bytes.
+fn run_address() -> Ipv4Addr {
+    let mut bytes = [0u8; 3];
+    match getrandom::fill(&mut bytes) {
+        Ok(()) => Ipv4Addr::new(127, bytes[0], bytes[1], 1 + bytes[2] % 254),
+        Err(_) => Ipv4Addr::LOCALHOST,
     }
 }
 
