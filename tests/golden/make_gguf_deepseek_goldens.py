@@ -21,15 +21,10 @@ it, quantized by llama.cpp.
     ~/.cache/golden-venv/bin/python tests/golden/make_gguf_deepseek_goldens.py
 """
 
-import tempfile
-from pathlib import Path
-
 import gguf
 import numpy as np
-from gguf import quants
-from safetensors.numpy import save_file
 
-from make_gguf_moe_goldens import OUT, PROMPT, llama_cpp_logits, mlx_logits
+from make_gguf_moe_goldens import check_and_quantize
 from make_kquant_goldens import vocabulary
 
 D, HEADS, QL, R, NOPE, ROPE, V, DENSE, HIDDEN, E = 256, 4, 64, 64, 32, 32, 32, 512, 256, 4
@@ -190,31 +185,9 @@ def write(path, tensors):
 
 
 def main():
-    import llama_cpp
-
-    tensors = float_tensors()
-    with tempfile.TemporaryDirectory() as tmp:
-        f32 = Path(tmp) / "f32.gguf"
-        write(f32, gguf_tensors(tensors))
-        want = mlx_logits(CONFIG, "mlp", tensors, tmp)
-        got = llama_cpp_logits(f32)
-        gap = np.abs(got - want).max() / np.abs(want).max()
-        assert gap < 1e-4, f"deepseek2: llama.cpp and mlx-lm differ by {gap}"
-        path = OUT / "moe-deepseek2-Q8_0.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
-        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(path).encode(), params)
-        assert rc == 0, f"llama_model_quantize: {rc}"
-        values, types = {}, {}
-        for t in gguf.GGUFReader(path).tensors:
-            v = quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            values[t.name] = v.reshape([int(d) for d in reversed(t.shape)])
-            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-        logits = mlx_logits(CONFIG, "mlp", from_gguf(values), tmp)
-        save_file({"tokens": np.array(PROMPT, dtype=np.int32), "logits": logits},
-                  OUT / "moe-deepseek2-Q8_0.safetensors")
-        print(f"{path.name}: {path.stat().st_size} bytes, types {types}, "
-              f"llama.cpp F32 vs mlx-lm {gap:.1e}")
+    check_and_quantize("moe-deepseek2-Q8_0", CONFIG,
+                       lambda path: write(path, gguf_tensors(float_tensors())),
+                       float_tensors(), 7, from_gguf)  # LLAMA_FTYPE_MOSTLY_Q8_0
 
 
 if __name__ == "__main__":

@@ -122,6 +122,38 @@ def llama_cpp_logits(path):
     return np.array(llm.scores[:len(PROMPT)], dtype=np.float32)
 
 
+def check_and_quantize(stem, config, write_f32, tensors, ftype, restore):
+    """The golden pair gguf/STEM.gguf and .safetensors: writes the F32 GGUF
+    with `write_f32(path)`, checks that llama.cpp's logits of it equal
+    mlx-lm's of `tensors` (config `config`), quantizes it with llama.cpp
+    to `ftype` (a llama_ftype value), and saves mlx-lm's logits of
+    `restore(values)` (every tensor of the quantized file dequantized by
+    the gguf package, by its llama.cpp name)."""
+    import llama_cpp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / "f32.gguf"
+        write_f32(f32)
+        want = mlx_logits(config, "mlp", tensors, tmp)
+        gap = np.abs(llama_cpp_logits(f32) - want).max() / np.abs(want).max()
+        assert gap < 1e-4, f"{stem}: llama.cpp and mlx-lm differ by {gap}"
+        path = OUT / f"{stem}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = ftype
+        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(path).encode(), params)
+        assert rc == 0, f"llama_model_quantize {stem}: {rc}"
+        values, types = {}, {}
+        for t in gguf.GGUFReader(path).tensors:
+            v = quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+            values[t.name] = v.reshape([int(d) for d in reversed(t.shape)])
+            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+        logits = mlx_logits(config, "mlp", restore(values), tmp)
+        save_file({"tokens": np.array(PROMPT, dtype=np.int32), "logits": logits},
+                  OUT / f"{stem}.safetensors")
+        print(f"{path.name}: {path.stat().st_size} bytes, types {types}, "
+              f"llama.cpp F32 vs mlx-lm {gap:.1e}")
+
+
 def dequantized(path, arch, config, names):
     """Every tensor of the GGUF at `path` as floats under `names`' names."""
     by_gguf = {gguf_name(n): n for n in names}

@@ -19,15 +19,11 @@ quantized by llama.cpp.
 """
 
 import math
-import tempfile
-from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf import quants
-from safetensors.numpy import save_file
 
-from make_gguf_moe_goldens import OUT, PROMPT, llama_cpp_logits, mlx_logits
+from make_gguf_moe_goldens import check_and_quantize
 from make_kquant_goldens import vocabulary
 
 D, HEADS, KV, FF, LAYERS = 256, 4, 2, 256, 2
@@ -108,34 +104,12 @@ def write(path, tensors):
 
 
 def main():
-    import llama_cpp
-
     tensors = float_tensors()
-    with tempfile.TemporaryDirectory() as tmp:
-        f32 = Path(tmp) / "f32.gguf"
-        write(f32, tensors)
-        want = mlx_logits(CONFIG, "mlp", tensors, tmp)
-        got = llama_cpp_logits(f32)
-        gap = np.abs(got - want).max() / np.abs(want).max()
-        assert gap < 1e-4, f"phi3: llama.cpp and mlx-lm differ by {gap}"
-        path = OUT / "phi4-mini-Q4_K_M.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-        rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(path).encode(), params)
-        assert rc == 0, f"llama_model_quantize: {rc}"
-        by_gguf = {gguf_name(n): n for n in tensors}
-        floats, types = {}, {}
-        for t in gguf.GGUFReader(path).tensors:
-            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-            if t.name not in by_gguf:
-                continue  # the RoPE factors
-            v = quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            floats[by_gguf[t.name]] = v.reshape(tensors[by_gguf[t.name]].shape)
-        logits = mlx_logits(CONFIG, "mlp", floats, tmp)
-        save_file({"tokens": np.array(PROMPT, dtype=np.int32), "logits": logits},
-                  OUT / "phi4-mini-Q4_K_M.safetensors")
-        print(f"{path.name}: {path.stat().st_size} bytes, types {types}, "
-              f"llama.cpp F32 vs mlx-lm {gap:.1e}")
+    by_gguf = {gguf_name(n): n for n in tensors}
+    check_and_quantize("phi4-mini-Q4_K_M", CONFIG, lambda path: write(path, tensors),
+                       tensors, 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+                       lambda values: {by_gguf[n]: v.reshape(tensors[by_gguf[n]].shape)
+                                       for n, v in values.items() if n in by_gguf})
 
 
 if __name__ == "__main__":
