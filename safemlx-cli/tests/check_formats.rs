@@ -3,7 +3,8 @@
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
 //! stored: the experts stay quantized) and GGUF K-quants made by llama.cpp
-//! (Q4_K_M, and a Mixtral GGUF with stacked experts), and DeepSeek's FP8 release layout, in both expert
+//! (Q4_K_M; Mixtral and DeepSeek-V3 GGUFs with stacked experts; a
+//! Phi-4-mini GGUF), and DeepSeek's FP8 release layout, in both expert
 //! placements, as pipeline stages and with a weighted split. The check states the
 //! dtype's bound and passes: the logits stay within it of one process and
 //! the greedy tokens agree (or part only at a near-tie of one process).
@@ -132,20 +133,40 @@ fn generate_check_on_llama_cpp_k_quants_passes_split_and_staged() {
 }
 
 #[test]
-fn generate_check_on_a_llama_cpp_moe_passes_in_both_placements() {
+fn generate_check_on_llama_cpp_moe_files_passes_in_both_placements() {
     let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/gguf");
-    let file = gguf.join("moe-mixtral-Q4_K_M.gguf");
-    for (ranks, experts) in [("2", "tensor-parallel"), ("4", "parallel")] {
-        let out = check(
-            &file,
-            ranks,
-            &["--experts", experts],
-            "bound 1e-4 for float32",
-        );
-        assert!(
-            out.contains("keeping the 4-bit affine (groups of 32) experts of 1 layers as stored"),
-            "{out}"
-        );
+    let cases = [
+        (
+            "moe-mixtral-Q4_K_M.gguf",
+            "4-bit affine (groups of 32) experts of 1 layers",
+        ),
+        (
+            "moe-deepseek2-Q8_0.gguf",
+            "8-bit affine (groups of 32) experts of 1 layers",
+        ),
+    ];
+    for (name, kept) in cases {
+        for (ranks, experts) in [("2", "tensor-parallel"), ("4", "parallel")] {
+            let out = check(
+                &gguf.join(name),
+                ranks,
+                &["--experts", experts],
+                "bound 1e-4 for float32",
+            );
+            assert!(
+                out.contains(&format!("keeping the {kept} as stored")),
+                "{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn generate_check_on_a_llama_cpp_phi4_mini_passes_split_and_staged() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/gguf");
+    let file = gguf.join("phi4-mini-Q4_K_M.gguf");
+    for (ranks, args) in [("2", &[][..]), ("4", &["--mesh", "pp=2,tp=2"])] {
+        check(&file, ranks, args, "bound 1e-4 for float32");
     }
 }
 

@@ -478,6 +478,18 @@ mod tests {
             g("model.layers.3.post_attention_layernorm.weight").as_deref(),
             Some("blk.3.ffn_norm.weight")
         );
+        assert_eq!(
+            g("model.layers.2.mlp.switch_mlp.down_proj.weight").as_deref(),
+            Some("blk.2.ffn_down_exps.weight")
+        );
+        assert_eq!(
+            g("model.layers.1.mlp.gate.e_score_correction_bias").as_deref(),
+            Some("blk.1.exp_probs_b.bias")
+        );
+        assert_eq!(
+            g("model.layers.0.self_attn.embed_q.weight").as_deref(),
+            Some("blk.0.attn_k_b.weight")
+        );
         assert_eq!(g("model.layers.x.mlp.up_proj.weight"), None);
         assert_eq!(g("something.else"), None);
     }
