@@ -427,6 +427,14 @@ mod tests {
             refused("hidden_act", "relu6".into()),
             "model m: \"hidden_act\" is \"relu6\"; supported: \"silu\", \"swish\""
         );
+        // Kimi-K2-Thinking's INT4 experts.
+        assert_eq!(
+            refused(
+                "quantization_config",
+                serde_json::json!({"quant_method": "compressed-tensors", "format": "pack-quantized"})
+            ),
+            "model m: \"quantization_config\" has \"quant_method\" \"compressed-tensors\", whose tensors are not read here; supported: \"fp8\", \"mxfp4\" (and mlx-community's MLX-quantized directories); load the float or FP8 release, or quantize the float model with mlx_lm.convert -q"
+        );
         assert_eq!(
             refused("rope_scaling", 5.into()),
             "model m: \"rope_scaling\" is 5, not an object such as {\"rope_type\": \"linear\", \"factor\": 2.0} (or null for none)"

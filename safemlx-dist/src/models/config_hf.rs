@@ -72,6 +72,7 @@ impl LlamaConfig {
             ));
         }
         check_activation(json, &fail)?;
+        check_quant_method(json, &fail)?;
         // Transformers 5 keeps rope_theta and the scaling in "rope_parameters".
         for key in ["rope_parameters", "rope_scaling"] {
             match json.get(key) {
@@ -272,6 +273,29 @@ fn check_activation(json: &Value, fail: &dyn Fn(String) -> crate::error::Error) 
         }
     }
     Ok(())
+}
+
+/// The `quantization_config` methods whose tensors are read: block-scaled
+/// FP8 (DeepSeek's and Kimi K2's releases) and gpt-oss's MXFP4 experts.
+/// (mlx-lm's own `quantization` has no method: MLX affine.)
+const QUANT_METHODS: [&str; 2] = ["fp8", "mxfp4"];
+
+/// `quantization_config.quant_method`, when the file has one, is a method
+/// whose tensors are read: another (Kimi-K2-Thinking's
+/// `compressed-tensors` INT4 experts, `gptq`, `awq`, `bitsandbytes`) names
+/// tensors no family here reads, and is refused by name before any is.
+fn check_quant_method(json: &Value, fail: &dyn Fn(String) -> crate::error::Error) -> Result<()> {
+    let method = json
+        .get("quantization_config")
+        .and_then(|q| q.get("quant_method"));
+    match method {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if QUANT_METHODS.contains(&m.as_str()) => Ok(()),
+        Some(v) => Err(fail(format!(
+            "\"quantization_config\" has \"quant_method\" {v}, whose tensors are not read here; supported: {} (and mlx-community's MLX-quantized directories); load the float or FP8 release, or quantize the float model with mlx_lm.convert -q",
+            QUANT_METHODS.map(|m| format!("\"{m}\"")).join(", ")
+        ))),
+    }
 }
 
 /// `layer_types`, when the file has it: whether each layer is a sliding
