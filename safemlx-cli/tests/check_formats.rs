@@ -133,7 +133,7 @@ fn generate_check_on_llama_cpp_k_quants_passes_split_and_staged() {
 }
 
 #[test]
-fn generate_check_on_llama_cpp_moe_files_passes_in_both_placements() {
+fn generate_check_on_llama_cpp_moe_files_passes_split_every_way() {
     let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/gguf");
     let cases = [
         (
@@ -158,6 +158,11 @@ fn generate_check_on_llama_cpp_moe_files_passes_in_both_placements() {
                 "{out}"
             );
         }
+    }
+    // As pipeline stages, and stages of 2 ranks splitting the experts.
+    let mixtral = gguf.join("moe-mixtral-Q4_K_M.gguf");
+    for (ranks, mesh) in [("2", "pp=2"), ("4", "pp=2,tp=2")] {
+        check(&mixtral, ranks, &["--mesh", mesh], "bound 1e-4 for float32");
     }
 }
 
