@@ -280,11 +280,16 @@ impl TensorSource for GgufWeights {
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<Array> {
-        match (axis, self.file.tensor(&self.name(name)?)?.shape.len()) {
-            (0, _) => self.read_rows(name, ranges, s),
-            (1, 2) => self.read_columns(name, ranges, s),
-            _ => self.file.read_stacked(&self.name(name)?, axis, ranges, s),
+        // Rows and the columns of reordered q/k tensors through this
+        // source (which puts heads back in order, or refuses); the rest
+        // as the file reads them.
+        if axis == 0 || self.permuted_heads(name).is_some() {
+            return match axis {
+                0 => self.read_rows(name, ranges, s),
+                _ => self.read_columns(name, ranges, s),
+            };
         }
+        TensorSource::read_along(&self.file, &self.name(name)?, axis, ranges, s)
     }
     fn read_packed_along(
         &self,
