@@ -1,6 +1,7 @@
 //! A Llama-family configuration from a GGUF file's metadata.
 
 use super::config::{ExpertLayout, Family, LlamaConfig, MoeSettings, RopeScaling};
+use super::config_gguf_keys::GgufKeys;
 use crate::checkpoint::{GgufFile, GgufValue};
 use crate::error::{Error, Result};
 use crate::nn::Gating;
@@ -26,7 +27,7 @@ impl LlamaConfig {
             .get("general.architecture")
             .and_then(GgufValue::as_str)
             .ok_or_else(|| fail("has no general.architecture".to_owned()))?;
-        let keys = super::config_gguf_keys::GgufKeys { file, arch };
+        let keys = GgufKeys { file, arch };
         match arch {
             "deepseek2" => {
                 return Self::from_hf(&super::deepseek_v3::config_from_gguf(&keys)?, &path)
@@ -47,34 +48,11 @@ impl LlamaConfig {
                 )))
             }
         };
-        let key = |k: &str| format!("{arch}.{k}");
-        let int = |k: &str| -> Result<Option<usize>> {
-            match meta.get(k) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|v| usize::try_from(v).ok())
-                    .map(Some)
-                    .ok_or_else(|| fail(format!("{k} is {v:?}, not a whole number"))),
-            }
-        };
-        let need = |k: &str| -> Result<usize> {
-            int(k)?
-                .filter(|v| *v > 0)
-                .ok_or_else(|| fail(format!("has no positive {k}")))
-        };
-        let float = |k: &str| -> Result<Option<f32>> {
-            match meta.get(k) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(|v| Some(v as f32))
-                    .ok_or_else(|| fail(format!("{k} is {v:?}, not a number"))),
-            }
-        };
-        let hidden_size = need(&key("embedding_length"))?;
-        let heads = need(&key("attention.head_count"))?;
-        let kv_heads = int(&key("attention.head_count_kv"))?.unwrap_or(heads);
+        let key = |k: &str| keys.key(k);
+        let float = |k: &str| -> Result<Option<f32>> { Ok(keys.float(k)?.map(|v| v as f32)) };
+        let hidden_size = keys.need("embedding_length")?;
+        let heads = keys.need("attention.head_count")?;
+        let kv_heads = keys.int("attention.head_count_kv")?.unwrap_or(heads);
         if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(fail(format!(
                 "{} ({heads}) is not a multiple of {} ({kv_heads})",
@@ -82,7 +60,7 @@ impl LlamaConfig {
                 key("attention.head_count_kv")
             )));
         }
-        let head_dim = match int(&key("attention.key_length"))? {
+        let head_dim = match keys.int("attention.key_length")? {
             Some(d) => d,
             None if hidden_size % heads == 0 => hidden_size / heads,
             None => {
@@ -94,7 +72,7 @@ impl LlamaConfig {
                 )))
             }
         };
-        if let Some(n) = int(&key("rope.dimension_count"))? {
+        if let Some(n) = keys.int("rope.dimension_count")? {
             if n != head_dim {
                 return Err(fail(format!(
                     "{} is {n} but the head dimension is {head_dim}: rotating part of each head is not supported (llama.cpp refuses it too: \"invalid n_rot\")",
@@ -102,20 +80,8 @@ impl LlamaConfig {
                 )));
             }
         }
-        let tokens = meta
-            .get("tokenizer.ggml.tokens")
-            .and_then(GgufValue::as_array)
-            .map(<[GgufValue]>::len);
-        let vocab_size = match int(&key("vocab_size"))?.or(tokens) {
-            Some(v) if v > 0 => v,
-            _ => {
-                return Err(fail(format!(
-                    "has no {} and no tokenizer.ggml.tokens",
-                    key("vocab_size")
-                )))
-            }
-        };
-        let rope_theta = float(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let vocab_size = keys.vocab_size()?;
+        let rope_theta = float("rope.freq_base")?.unwrap_or(10_000.0);
         let rope_scaling = if file.tensors().contains_key("rope_freqs.weight") {
             let factors = file.read("rope_freqs.weight", s)?;
             let factors = factors
@@ -132,13 +98,10 @@ impl LlamaConfig {
             }
             RopeScaling::Factors(factors)
         } else {
-            match meta
-                .get(&key("rope.scaling.type"))
-                .and_then(GgufValue::as_str)
-            {
+            match keys.text("rope.scaling.type") {
                 None | Some("none") => RopeScaling::None,
                 Some("linear") => RopeScaling::Linear {
-                    factor: float(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+                    factor: float("rope.scaling.factor")?.unwrap_or(1.0),
                 },
                 Some(other) => {
                     return Err(fail(format!(
@@ -148,9 +111,10 @@ impl LlamaConfig {
                 }
             }
         };
-        let id =
-            |k: &str| -> Result<Option<u32>> { Ok(int(k)?.and_then(|v| u32::try_from(v).ok())) };
-        let experts = int(&key("expert_count"))?.unwrap_or(0);
+        let id = |k: &str| -> Result<Option<u32>> {
+            Ok(keys.int_at(k)?.and_then(|v| u32::try_from(v).ok()))
+        };
+        let experts = keys.int("expert_count")?.unwrap_or(0);
         let family = match family {
             Family::Llama if experts > 0 => Family::Mixtral,
             Family::Qwen2Moe | Family::Qwen3Moe if experts == 0 => {
@@ -166,19 +130,14 @@ impl LlamaConfig {
         };
         let moe = match family {
             Family::Mixtral | Family::Qwen2Moe | Family::Qwen3Moe => {
-                let top_k = need(&key("expert_used_count"))?;
+                let top_k = keys.need("expert_used_count")?;
                 if top_k > experts {
                     return Err(fail(format!(
                         "{} ({top_k}) exceeds the {experts} experts",
                         key("expert_used_count")
                     )));
                 }
-                Some(moe_settings(
-                    family,
-                    (experts, top_k),
-                    &|k| need(&key(k)),
-                    &|k| int(&key(k)),
-                )?)
+                Some(moe_settings(family, (experts, top_k), &keys)?)
             }
             _ => None,
         };
@@ -192,13 +151,13 @@ impl LlamaConfig {
             family,
             vocab_size,
             hidden_size,
-            intermediate_size: need(&key("feed_forward_length"))?,
-            layers: need(&key("block_count"))?,
+            intermediate_size: keys.need("feed_forward_length")?,
+            layers: keys.need("block_count")?,
             heads,
             kv_heads,
             head_dim,
             rotary_dim: head_dim,
-            rms_norm_eps: float(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             tie_word_embeddings: !file.tensors().contains_key("output.weight"),
@@ -206,7 +165,7 @@ impl LlamaConfig {
             o_bias: false,
             attention_sinks: false,
             qk_norm: matches!(family, Family::Qwen3 | Family::Qwen3Moe),
-            max_position_embeddings: match int(&key("context_length"))? {
+            max_position_embeddings: match keys.int("context_length")? {
                 Some(n) if n < 2 => {
                     return Err(fail(format!(
                         "{} is {n}: a context must hold a prompt token and a generated one",
@@ -257,19 +216,18 @@ impl LlamaConfig {
 fn moe_settings(
     family: Family,
     (experts, top_k): (usize, usize),
-    need: &dyn Fn(&str) -> Result<usize>,
-    int: &dyn Fn(&str) -> Result<Option<usize>>,
+    g: &GgufKeys,
 ) -> Result<MoeSettings> {
     let names = super::llama::QWEN_EXPERTS;
     if family == Family::Mixtral {
         return Ok(MoeSettings::top_k_softmax(
-            (experts, top_k, need("feed_forward_length")?),
+            (experts, top_k, g.need("feed_forward_length")?),
             "mlp.",
             ExpertLayout::PerExpert(names),
         ));
     }
     let mut m = MoeSettings::top_k_softmax(
-        (experts, top_k, need("expert_feed_forward_length")?),
+        (experts, top_k, g.need("expert_feed_forward_length")?),
         "mlp.",
         ExpertLayout::PerExpert(names),
     );
@@ -277,7 +235,9 @@ fn moe_settings(
         normalize: family == Family::Qwen3Moe,
     };
     if family == Family::Qwen2Moe {
-        m.shared_hidden = int("expert_shared_feed_forward_length")?.filter(|h| *h > 0);
+        m.shared_hidden = g
+            .int("expert_shared_feed_forward_length")?
+            .filter(|h| *h > 0);
     }
     Ok(m)
 }
