@@ -115,7 +115,7 @@ impl QuantizedRowParallelLinear {
     /// shapes and the group size), a tensor that is not 2-D or not stored
     /// quantized, or a failed read.
     pub fn load(w: &Weights, name: &str, s: &Stream) -> Result<Self> {
-        if let (&[_, inputs], Some((group_size, _))) =
+        if let (&[_, inputs], Some(safemlx_dist::packing::PackedFormat { group_size, .. })) =
             (w.shape(name)?.as_slice(), w.quantization(name))
         {
             check_whole_groups(w.comm(), inputs, group_size).map_err(|e| {

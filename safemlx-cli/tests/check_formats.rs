@@ -2,7 +2,7 @@
 //! ranks: a bfloat16 checkpoint (the tiny DeepSeek-V3 of the goldens,
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
-//! stored: the experts stay quantized) and GGUF K-quants made by llama.cpp
+//! stored: the experts stay quantized; gpt-oss's in MXFP4) and GGUF K-quants made by llama.cpp
 //! (Q4_K_M; Mixtral and DeepSeek-V3 GGUFs with stacked experts; a
 //! Phi-4-mini GGUF), and DeepSeek's FP8 release layout, in both expert
 //! placements, as pipeline stages and with a weighted split. The check states the
@@ -115,6 +115,14 @@ fn generate_check_on_mlx_community_moe_passes_split_every_way() {
     let out = check(&mixtral, "2", &args, float32);
     assert!(
         out.contains("keeping the 8-bit affine (groups of 32) experts of 2 layers as stored"),
+        "{out}"
+    );
+    // gpt-oss as mlx-lm converts OpenAI's release: MXFP4 experts kept as
+    // stored, attention 4-bit affine, split over experts' hidden blocks.
+    let gpt_oss = golden.join("gpt-oss-mxfp4-q4");
+    let out = check(&gpt_oss, "2", &["--experts", "tensor-parallel"], float32);
+    assert!(
+        out.contains("keeping the MXFP4 experts of 3 layers as stored"),
         "{out}"
     );
 }

@@ -42,6 +42,7 @@ pub mod launch;
 pub mod models;
 pub mod nn;
 pub mod optim;
+pub mod packing;
 mod runtime;
 pub mod tiktoken;
 pub mod tokenizer;

@@ -10,7 +10,14 @@ tests/golden/mlx-community/CASE/ exactly as `mlx_lm.convert -q` writes an
 mlx-community directory: mlx-lm's tensor names (the experts stacked as
 `switch_mlp`), `weight` (uint32) / `scales` / `biases` for every quantized
 layer (embedding, attention, experts, router, LM head) and
-`quantization` in config.json. golden.safetensors holds the prompt
+`quantization` in config.json. GPT_OSS_CASES convert the committed
+gpt-oss of make_moe_goldens.py (OpenAI's layout: MXFP4 experts
+`*_blocks` / `*_scales`, interleaved `gate_up_proj`) as mlx-lm converts
+OpenAI's release for mlx-community: the experts de-interleaved into
+`experts.gate_proj` / `up_proj` / `down_proj` (`weight` uint32, `scales`
+uint8, `bias`) and kept in MLX's `mxfp4` mode (`"mode": "mxfp4"` at the
+top of `quantization`); with `-q`, every other linear layer affine by a
+per-module entry (the router at 8 bits in groups of 64). golden.safetensors holds the prompt
 ("tokens", I32) and mlx-lm's logits of the converted model ("logits",
 F32 [T, V]).
 
@@ -75,10 +82,54 @@ CASES = {
                          4, 32, 13),
 }
 
+# gpt-oss converted from OpenAI's layout: (quantize the rest?, bits, group).
+GPT_OSS_CASES = {
+    "gpt-oss-mxfp4": (False, None, None),
+    "gpt-oss-mxfp4-q4": (True, 4, 32),
+}
+
+# Every layer in one of MLX's other modes (`mlx_lm.convert -q --q-mode`):
+# directories this crate refuses by name, so no logits.
+REFUSED_MODES = {"gpt-oss-all-mxfp4": "mxfp4", "gpt-oss-all-nvfp4": "nvfp4"}
+
+
+def save_golden(path, prompt):
+    model, _ = load_model(path)
+    logits = model(mx.array([prompt]))[0].astype(mx.float32)
+    golden = {"tokens": np.array(prompt, dtype=np.int32),
+              "logits": np.array(logits)}
+    save_file(golden, path / "golden.safetensors")
+    return golden
+
+
+def convert_gpt_oss(prompt):
+    source = Path(__file__).parent / "moe" / "gpt-oss"
+    for case, (quantize, bits, group) in sorted(GPT_OSS_CASES.items()):
+        path = OUT / case
+        if path.exists():
+            shutil.rmtree(path)
+        if quantize:
+            convert(str(source), str(path), quantize=True, q_bits=bits,
+                    q_group_size=group)
+        else:
+            convert(str(source), str(path))
+        (path / "README.md").unlink(missing_ok=True)
+        golden = save_golden(path, prompt)
+        print(f"{case}: {len(prompt)} tokens, "
+              f"argmax {golden['logits'].argmax(-1).tolist()}")
+    for case, mode in sorted(REFUSED_MODES.items()):
+        path = OUT / case
+        if path.exists():
+            shutil.rmtree(path)
+        convert(str(source), str(path), quantize=True, q_mode=mode)
+        (path / "README.md").unlink(missing_ok=True)
+        print(f"{case}: every layer in mode {mode}")
+
 
 def main():
     tok = tokenizer()
     prompt = tok.encode("Hello experts, route the tokens.").ids
+    convert_gpt_oss(prompt)
     for case, (extra, bits, group, seed) in sorted(CASES.items()):
         config = {**BASE, **extra}
         path = OUT / case
@@ -96,11 +147,7 @@ def main():
                     q_group_size=group)
             # mlx-lm's model card, not part of the model.
             (path / "README.md").unlink(missing_ok=True)
-        model, _ = load_model(path)
-        logits = model(mx.array([prompt]))[0].astype(mx.float32)
-        golden = {"tokens": np.array(prompt, dtype=np.int32),
-                  "logits": np.array(logits)}
-        save_file(golden, path / "golden.safetensors")
+        golden = save_golden(path, prompt)
         print(f"{case}: {bits} bits, groups of {group}; {len(prompt)} tokens, "
               f"argmax {golden['logits'].argmax(-1).tolist()}")
 

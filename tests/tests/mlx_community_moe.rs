@@ -29,9 +29,10 @@ fn golden_dir(case: &str) -> PathBuf {
 /// A directory of the goldens.
 struct Case {
     name: &'static str,
-    /// Bits per value and values per group.
+    /// How the experts are packed: bits per value, and how loading names
+    /// them.
     bits: usize,
-    group_size: usize,
+    label: &'static str,
     /// Whole groups of each expert's hidden dimension.
     hidden_groups: usize,
     /// Layers with routed experts.
@@ -39,35 +40,62 @@ struct Case {
     /// How far above the quantized share of the float32 bytes a rank's
     /// weights may be (DeepSeek-V3's `kv_b` is held as floats).
     slack: f64,
+    /// The most ranks its quantized attention splits over in whole groups.
+    max_ranks: usize,
 }
 
 /// Qwen3-MoE's 64 hidden columns are one group of 64, Mixtral's 96 three
 /// of 32, DeepSeek-V3's 64 two of 32 (its layer 0 is dense, and mlx-lm
-/// splits its `kv_b_proj` into per-head `embed_q` and `unembed_out`).
-const CASES: [Case; 3] = [
+/// splits its `kv_b_proj` into per-head `embed_q` and `unembed_out`),
+/// gpt-oss's 96 three MXFP4 blocks of 32 (mlx-lm's de-interleaved
+/// experts with biases; float attention, or affine 4-bit by per-module
+/// entries beside the top-level `mxfp4` mode, the router at 8 bits).
+const CASES: [Case; 5] = [
     Case {
         name: "qwen3-moe-4bit",
         bits: 4,
-        group_size: 64,
+        label: "4-bit affine (groups of 64)",
         hidden_groups: 1,
         moe_layers: 2,
         slack: 1.5,
+        max_ranks: 4,
     },
     Case {
         name: "mixtral-8bit",
         bits: 8,
-        group_size: 32,
+        label: "8-bit affine (groups of 32)",
         hidden_groups: 3,
         moe_layers: 2,
         slack: 1.5,
+        max_ranks: 4,
     },
     Case {
         name: "deepseek-v3-4bit",
         bits: 4,
-        group_size: 32,
+        label: "4-bit affine (groups of 32)",
         hidden_groups: 2,
         moe_layers: 1,
         slack: 3.0,
+        max_ranks: 4,
+    },
+    Case {
+        name: "gpt-oss-mxfp4",
+        bits: 4,
+        label: "MXFP4",
+        hidden_groups: 3,
+        moe_layers: 3,
+        slack: 3.0,
+        max_ranks: 4,
+    },
+    Case {
+        name: "gpt-oss-mxfp4-q4",
+        bits: 4,
+        label: "MXFP4",
+        hidden_groups: 3,
+        moe_layers: 3,
+        slack: 2.0,
+        // Heads 16 wide, groups of 32: 4 ranks would cut a group.
+        max_ranks: 2,
     },
 ];
 
@@ -94,10 +122,16 @@ fn load_and_check(group: &Group, c: &Case, split: Option<Vec<u32>>) {
             experts,
             tensor_split: split.clone(),
         };
-        let placed = load_layout(group, &dir, options, &Layout::default(), &s)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let placed = load_layout(group, &dir, options, &Layout::default(), &s);
+        if n > c.max_ranks {
+            let e = placed.err().map(|e| e.to_string()).unwrap_or_default();
+            let name = "model.layers.0.self_attn.o_proj.weight";
+            let want = format!("tensor `{name}` is quantized in groups of 32 columns; columns 0..16 cut a group (split it over ranks whose parts are whole groups");
+            assert!(rank != 0 || e.contains(&want), "{what}: {e}");
+            continue;
+        }
+        let placed = placed.unwrap_or_else(|e| panic!("{what}: {e}"));
         let model = &placed.loaded.model;
-        assert!(model.is_quantized(), "{what}");
         if n == 2 && split.is_none() && experts == ExpertPlacement::ExpertParallel {
             // Each of 2 ranks holds at most 0.6 of one process's weights.
             let whole = load_layout(
@@ -124,11 +158,15 @@ fn load_and_check(group: &Group, c: &Case, split: Option<Vec<u32>>) {
         let share = f64::from(shares[rank]) / f64::from(shares.iter().sum::<u32>());
         let tp = experts == ExpertPlacement::ExpertTensorParallel;
         let kept = !tp || groups >= n;
-        let label = format!("{bits}-bit affine (groups of {})", c.group_size);
-        let layers = c.moe_layers;
+        // gpt-oss-mxfp4's attention is float (as mlx-lm converts OpenAI's
+        // release): nothing is packed once its experts are dequantized.
+        let floats_only = !kept && case == "gpt-oss-mxfp4";
+        assert_eq!(model.is_quantized(), !floats_only, "{what}");
+        let (label, layers) = (c.label, c.moe_layers);
+        let mode = if label == "MXFP4" { "mxfp4" } else { "affine" };
         let note = model.packed_note().unwrap_or_default();
         let want_note = match kept {
-            true => format!("keeping the {label} experts of {layers} layers as stored (MLX's affine quantized matmuls)"),
+            true => format!("keeping the {label} experts of {layers} layers as stored (MLX's {mode} quantized matmuls)"),
             false => format!("dequantizing the {label} experts of {layers} layers to float32 as they are read"),
         };
         assert!(note.starts_with(&want_note), "{what}: {note}");
@@ -182,5 +220,59 @@ fn mlx_community_moe_directories_load_quantized_at_one_two_and_four_ranks() {
 fn a_weighted_split_keeps_whole_groups() {
     Ranks::new(2)
         .run_test(|group| load_and_check(group, &CASES[1], Some(vec![3, 1])))
+        .unwrap();
+}
+
+/// Directories `mlx_lm.convert -q --q-mode` writes in MLX's other modes:
+/// refused before native code, naming the first tensor, its mode and what
+/// is read (MXFP4 only for stacked experts, as mlx-lm converts gpt-oss).
+#[test]
+fn other_quantization_modes_are_refused_by_name() {
+    let s = cpu();
+    let embed = "tensor `model.embed_tokens.weight` is quantized in";
+    for (case, want) in [
+        ("gpt-oss-all-mxfp4", format!("{embed} mode `mxfp4`, which is read only for stacked experts (gpt-oss's); this layer reads `affine` weights (quantize it with mlx_lm.convert -q, whose default mode is affine)")),
+        ("gpt-oss-all-nvfp4", format!("{embed} mode `nvfp4` (4 bits in groups of 16); read here: `affine`, and `mxfp4` (4 bits in groups of 32) for stacked experts")),
+    ] {
+        let dir = golden_dir(case);
+        let options = LoadOptions {
+            weights: Storage::AsStored,
+            ..LoadOptions::default()
+        };
+        let got = load_layout(&Group::local(), &dir, options, &Layout::default(), &s)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let want = format!("checkpoint {}: {want}", dir.display());
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+/// `--weights float` (every tensor dequantized as it is read) of mlx-lm's
+/// MXFP4 gpt-oss experts: mlx-lm's logits at 1 and 2 ranks, both
+/// placements.
+#[test]
+fn mxfp4_experts_read_as_floats_give_mlx_lms_logits() {
+    Ranks::new(2)
+        .run_test(|group| {
+            let s = cpu();
+            let dir = golden_dir("gpt-oss-mxfp4");
+            let (prompt, want) = golden(&dir.join("golden.safetensors"), &s);
+            for experts in [
+                ExpertPlacement::ExpertParallel,
+                ExpertPlacement::ExpertTensorParallel,
+            ] {
+                let options = LoadOptions {
+                    weights: Storage::Dequantized,
+                    experts,
+                    tensor_split: None,
+                };
+                let what = format!("{}, rank {}", experts.as_str(), group.rank());
+                let placed = load_layout(group, &dir, options, &Layout::default(), &s)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(!placed.loaded.model.is_quantized(), "{what}");
+                check_logits(&placed.loaded.model, &prompt, &want, &what);
+            }
+        })
         .unwrap();
 }

@@ -11,6 +11,7 @@ use safemlx_dist::checkpoint::{Dequantized, GgufFile, HfDirectory, TensorSource,
 use safemlx_dist::launch::Ranks;
 use safemlx_dist::models::{Llama, LlamaConfig};
 use safemlx_dist::nn::{load_columns, Mlp};
+use safemlx_dist::packing::PackedFormat;
 use safemlx_dist::{Backend, Group};
 use safemlx_dist_tests::cpu;
 use safemlx_dist_tests::dense::host;
@@ -32,7 +33,10 @@ fn mlx_community(group: &Group, (case, group_size, bits): (&str, usize, usize)) 
     let dir = HfDirectory::open(golden_path(case)).expect("opens");
     let (prompt, want) = golden(&golden_path(case).join("golden.safetensors"), &s);
     let q_proj = "model.layers.0.self_attn.q_proj.weight";
-    assert_eq!(dir.quantization(q_proj), Some((group_size, bits)));
+    assert_eq!(
+        dir.quantization(q_proj),
+        Some(PackedFormat::affine(group_size, bits))
+    );
     assert_eq!(dir.shape(q_proj).unwrap()[1], 128, "the logical [out, in]");
 
     let model = Llama::from_hf(group, &dir, &s).expect("loads");
@@ -92,11 +96,11 @@ fn gguf(group: &Group) {
     assert!(model.is_quantized(), "{what}");
     assert_eq!(
         weights.quantization("model.layers.0.self_attn.k_proj.weight"),
-        Some((32, 4))
+        Some(PackedFormat::affine(32, 4))
     );
     assert_eq!(
         weights.quantization("model.embed_tokens.weight"),
-        Some((32, 8))
+        Some(PackedFormat::affine(32, 8))
     );
     assert_eq!(weights.quantization("model.norm.weight"), None);
     if group.size() > 1 {
@@ -142,7 +146,7 @@ fn a_column_range_that_cuts_a_group_is_an_error_naming_the_tensor() {
     assert_eq!(
         error.to_string(),
         format!(
-            "checkpoint {}: tensor `{name}` is quantized in groups of 32 columns; columns 0..48 cut a group",
+            "checkpoint {}: tensor `{name}` is quantized in groups of 32 columns; columns 0..48 cut a group (split it over ranks whose parts are whole groups: fewer ranks or another --tensor-split; or load it as floats: --weights float)",
             golden_path("llama-tied-q4").display()
         )
     );

@@ -1,17 +1,21 @@
-//! An affine-quantized `[out, in]` weight stored as three tensors, the
-//! packed `uint32` values, the `scales` and the `biases`, read in parts:
-//! the layout of mlx-community directories (`stem.weight`, `stem.scales`,
-//! `stem.biases`) and of quantized fields written by
-//! [`save`](super::save) (`name`, `name.scales`, `name.biases`).
+//! A quantized weight stored as MLX packs it, the packed `uint32` values,
+//! the `scales` and (affine) the `biases`, read in parts: the layout of
+//! mlx-community directories (`stem.weight`, `stem.scales`,
+//! `stem.biases`; gpt-oss's stacked experts in `mxfp4` mode without
+//! biases) and of quantized fields written by [`save`](super::save)
+//! (`name`, `name.scales`, `name.biases`). Dense layers read affine
+//! weights only; a weight in another mode is refused by name.
 
 use std::path::Path;
 
 use safemlx::ops::indexing::TryIndexOp;
+use safemlx::ops::QuantizationMode;
 use safemlx::{Array, Dtype, Stream};
 
-use super::TensorInfo;
+use super::{PackedParts, TensorInfo};
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
+use crate::packing::PackedFormat;
 
 /// Tensors read as they are stored, without dequantizing, and the
 /// quantized weights among them: what [`affine_tensor_source!`] makes a
@@ -37,10 +41,10 @@ pub(super) trait Stored {
     fn stored_columns(&self, name: &str, ranges: &[(usize, usize)], s: &Stream) -> Result<Array>;
     /// Tensor bytes read so far.
     fn stored_bytes_read(&self) -> u64;
-    /// The quantized weight `name`, when it is one.
+    /// The quantized weight `name`, when it is one (in any mode).
     fn affine(&self, name: &str) -> Option<Affine>;
     /// [`affine`](Self::affine) for a read of quantized values: an error
-    /// naming the tensor when it is not one (or not readable as one).
+    /// naming the tensor when it is not one.
     fn affine_to_read(&self, name: &str) -> Result<Affine>;
 
     /// Whether `name` is stored in a form read only as floats (FP8 with
@@ -87,8 +91,12 @@ macro_rules! affine_tensor_source {
             fn shape(&self, name: &str) -> $crate::error::Result<Vec<i32>> {
                 let shape = self.stored_shape(name)?;
                 match self.affine(name) {
-                    // Stacked ([E, out, in]) ones read only packed.
-                    Some(affine) if shape.len() >= 2 => affine.shape(self),
+                    // Stacked ([E, out, in]) ones read only packed; a mode
+                    // not read here is refused by name at the first look.
+                    Some(affine) if shape.len() >= 2 => {
+                        affine.packed_only(self)?;
+                        affine.shape(self)
+                    }
                     _ => Ok(shape),
                 }
             }
@@ -124,6 +132,7 @@ macro_rules! affine_tensor_source {
                     return self.stored_rows(name, ranges, s);
                 }
                 self.affine_to_read(name)?
+                    .affine_only(self)?
                     .rows(self, ranges, s)?
                     .dequantize(s)
             }
@@ -139,7 +148,9 @@ macro_rules! affine_tensor_source {
                 if self.affine(name).is_none() {
                     return self.stored_columns(name, ranges, s);
                 }
-                self.affine_to_read(name)?.float_columns(self, ranges, s)
+                self.affine_to_read(name)?
+                    .affine_only(self)?
+                    .float_columns(self, ranges, s)
             }
             fn read_along(
                 &self,
@@ -154,6 +165,9 @@ macro_rules! affine_tensor_source {
                 }
                 match (self.affine(name), axis) {
                     (None, _) => self.stored_along(name, axis, ranges, s),
+                    (Some(a), _) if a.is_stacked_in_another_mode(self)? => {
+                        $crate::checkpoint::affine::stacked_floats(source, &a, axis, ranges, s)
+                    }
                     (Some(_), 0) => source.read_rows(name, ranges, s),
                     (Some(_), _) => source.read_columns(name, ranges, s),
                 }
@@ -161,8 +175,8 @@ macro_rules! affine_tensor_source {
             fn bytes_read(&self) -> u64 {
                 self.stored_bytes_read()
             }
-            fn quantization(&self, name: &str) -> Option<(usize, usize)> {
-                self.affine(name).map(|a| (a.group_size, a.bits))
+            fn quantization(&self, name: &str) -> Option<$crate::packing::PackedFormat> {
+                self.affine(name)?.format().ok()
             }
             fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
                 if self.reads_as_floats(name) {
@@ -179,7 +193,9 @@ macro_rules! affine_tensor_source {
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<$crate::affine::AffineWeight> {
-                self.affine_to_read(name)?.rows(self, ranges, s)
+                self.affine_to_read(name)?
+                    .affine_only(self)?
+                    .rows(self, ranges, s)
             }
             fn read_quantized_groups(
                 &self,
@@ -187,7 +203,9 @@ macro_rules! affine_tensor_source {
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
             ) -> $crate::error::Result<$crate::affine::AffineWeight> {
-                self.affine_to_read(name)?.groups(self, ranges, s)
+                self.affine_to_read(name)?
+                    .affine_only(self)?
+                    .groups(self, ranges, s)
             }
             fn read_packed_along(
                 &self,
@@ -195,7 +213,7 @@ macro_rules! affine_tensor_source {
                 axis: usize,
                 ranges: &[(usize, usize)],
                 s: &safemlx::Stream,
-            ) -> $crate::error::Result<[safemlx::Array; 3]> {
+            ) -> $crate::error::Result<$crate::checkpoint::PackedParts> {
                 self.affine_to_read(name)?.along(self, axis, ranges, s)
             }
         }
@@ -203,20 +221,96 @@ macro_rules! affine_tensor_source {
 }
 pub(super) use affine_tensor_source;
 
-/// The three tensors of one quantized weight, and its quantization.
+/// Ranges along `axis` of the stacked packed weight `a` in a mode other
+/// than affine (gpt-oss's MXFP4 experts) as floats, side by side: what a
+/// float read of it (`--weights float`, a dequantized fallback) gets.
+///
+/// # Errors
+/// A range past its end, or a failed read.
+pub(super) fn stacked_floats(
+    source: &dyn super::TensorSource,
+    a: &Affine,
+    axis: usize,
+    ranges: &[(usize, usize)],
+    s: &Stream,
+) -> Result<Array> {
+    let last = source.shape(&a.weight)?.len() == axis + 1;
+    let format = a.format().map_err(|why| Error::Checkpoint {
+        path: source.path().display().to_string(),
+        message: format!("tensor `{}` is quantized in {why}", a.weight),
+    })?;
+    let parts = ranges
+        .iter()
+        .map(|&r| super::stacked::dequantized_along(source, &a.weight, (format, last), axis, r, s))
+        .collect::<Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Ok(safemlx::ops::concatenate_axis(&parts, axis as i32, s)?),
+    }
+}
+
+/// The tensors of one quantized weight, and its quantization.
 #[derive(Debug)]
 pub(super) struct Affine {
     /// The packed values `[out, in * bits / 32]`, `uint32`.
     pub weight: String,
     /// `[out, in / group_size]`.
     pub scales: String,
-    /// `[out, in / group_size]`.
-    pub biases: String,
+    /// `[out, in / group_size]`, for affine quantization.
+    pub biases: Option<String>,
     pub group_size: usize,
     pub bits: usize,
+    /// MLX's mode as the checkpoint names it (`affine` when it names
+    /// none).
+    pub mode: String,
 }
 
 impl Affine {
+    /// How it is packed, when this crate reads that (see
+    /// [`PackedFormat::from_mode`]).
+    pub fn format(&self) -> std::result::Result<PackedFormat, String> {
+        PackedFormat::from_mode(&self.mode, self.group_size, self.bits)
+    }
+
+    /// Itself, for a read that dequantizes or keeps an affine weight (a
+    /// dense layer's): an error naming the tensor in another mode, or
+    /// without its biases.
+    pub fn affine_only(self, source: &dyn Stored) -> Result<Self> {
+        let why = match self.format() {
+            Ok(f) if f.mode == QuantizationMode::Affine && self.biases.is_some() => return Ok(self),
+            Ok(f) if f.mode == QuantizationMode::Affine => return Err(self.affine_only_error(source)),
+            Ok(_) => format!(
+                "is quantized in mode `{}`, which is read only for stacked experts (gpt-oss's); this layer reads `affine` weights (quantize it with mlx_lm.convert -q, whose default mode is affine)",
+                self.mode
+            ),
+            Err(why) => format!("is quantized in {why}"),
+        };
+        Err(Error::Checkpoint {
+            path: source.location().display().to_string(),
+            message: format!("tensor `{}` {why}", self.weight),
+        })
+    }
+
+    /// Whether it is a stacked weight (`[E, out, in]`) packed in a mode
+    /// other than affine (read as floats through its packed parts).
+    ///
+    /// # Errors
+    /// A mode not read here, named.
+    pub fn is_stacked_in_another_mode(&self, source: &dyn Stored) -> Result<bool> {
+        let format = self.packed_only(source)?;
+        let stacked = source.stored_shape(&self.scales)?.len() > 2;
+        Ok(stacked && format.mode != QuantizationMode::Affine)
+    }
+
+    /// Itself, for a read of its packed parts: an error naming the
+    /// tensor in a mode this crate does not read.
+    pub fn packed_only(&self, source: &dyn Stored) -> Result<PackedFormat> {
+        self.format().map_err(|why| Error::Checkpoint {
+            path: source.location().display().to_string(),
+            message: format!("tensor `{}` is quantized in {why}", self.weight),
+        })
+    }
+
     /// The logical (float) shape `[.., out, groups * group_size]`, from
     /// the scales.
     pub fn shape(&self, source: &dyn Stored) -> Result<Vec<i32>> {
@@ -238,15 +332,22 @@ impl Affine {
     }
 
     /// Ranges along `axis` of a quantized tensor of any rank, kept packed:
-    /// values, scales and biases. Along the last axis the ranges are in
-    /// values, whole groups.
+    /// values, scales and (affine) biases. Along the last axis the ranges
+    /// are in values, whole groups.
     pub fn along(
         &self,
         source: &dyn Stored,
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<PackedParts> {
+        let format = self.packed_only(source)?;
+        let affine = format.mode == QuantizationMode::Affine;
+        let biases = match (&self.biases, affine) {
+            (Some(b), true) => Some(b),
+            (None, false) => None,
+            _ => return Err(self.affine_only_error(source)),
+        };
         let last = source.stored_shape(&self.scales)?.len().saturating_sub(1);
         let (g, words) = (self.group_size, self.group_size * self.bits / 32);
         let (values, groups): (Vec<_>, Vec<_>) = if axis < last {
@@ -267,11 +368,31 @@ impl Affine {
                 .map(|&(f, c)| ((f / g * words, c / g * words), (f / g, c / g)))
                 .unzip()
         };
-        Ok([
+        Ok((
             source.stored_along(&self.weight, axis, &values, s)?,
             source.stored_along(&self.scales, axis, &groups, s)?,
-            source.stored_along(&self.biases, axis, &groups, s)?,
-        ])
+            biases
+                .map(|b| source.stored_along(b, axis, &groups, s))
+                .transpose()?,
+        ))
+    }
+
+    /// Why an affine weight without biases, or another mode's with them,
+    /// is not read.
+    fn affine_only_error(&self, source: &dyn Stored) -> Error {
+        let tensors = match &self.biases {
+            Some(b) => format!("biases `{b}`, which mode `{}` has not", self.mode),
+            None => format!("no biases, which mode `{}` needs", self.mode),
+        };
+        Error::Checkpoint {
+            path: source.location().display().to_string(),
+            message: format!("quantized weight `{}` has {tensors}", self.weight),
+        }
+    }
+
+    /// The biases' name (an affine weight's, after [`affine_only`](Self::affine_only)).
+    fn biases_name(&self) -> &str {
+        self.biases.as_deref().unwrap_or_default()
     }
 
     /// Rows `ranges` (outputs), kept quantized.
@@ -283,7 +404,7 @@ impl Affine {
     ) -> Result<AffineWeight> {
         let weight = source.stored_rows(&self.weight, ranges, s)?;
         let scales = source.stored_rows(&self.scales, ranges, s)?;
-        let biases = source.stored_rows(&self.biases, ranges, s)?;
+        let biases = source.stored_rows(self.biases_name(), ranges, s)?;
         self.build(source, weight, scales, biases)
     }
 
@@ -302,7 +423,7 @@ impl Affine {
             .collect();
         let weight = source.stored_columns(&self.weight, &word_ranges, s)?;
         let scales = source.stored_columns(&self.scales, ranges, s)?;
-        let biases = source.stored_columns(&self.biases, ranges, s)?;
+        let biases = source.stored_columns(self.biases_name(), ranges, s)?;
         self.build(source, weight, scales, biases)
     }
 

@@ -56,7 +56,7 @@ impl GgufFile {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<super::PackedParts> {
         let shape = self.stacked_shape(name, axis)?;
         let [e, r, _] = shape.map(|d| d as usize);
         let (weight, lead) = if axis == 2 {
@@ -87,11 +87,11 @@ impl GgufFile {
             let last = a.shape()[1];
             Ok(a.reshape(&[lead[0], lead[1], last], s)?)
         };
-        Ok([
+        Ok((
             stack(&weight.weight)?,
             stack(&weight.scales)?,
-            stack(&weight.biases)?,
-        ])
+            Some(stack(&weight.biases)?),
+        ))
     }
 
     /// The shape of the 3-D tensor `name`, checking it has `axis`.

@@ -9,6 +9,7 @@ use safemlx::{Array, Stream};
 use super::{GgufFile, GgufValue, TensorSource};
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
+use crate::packing::PackedFormat;
 
 /// A GGUF file's tensors under Hugging Face names, dequantized to
 /// `float32`.
@@ -241,7 +242,7 @@ impl TensorSource for GgufWeights {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<super::PackedParts> {
         self.file
             .read_packed_stacked(&self.name(name)?, axis, ranges, s)
     }
@@ -253,7 +254,7 @@ impl TensorSource for GgufWeights {
         self.whole_heads(name, ranges, head_dim)?;
         unpermute_rows(&rows, head_dim, s)
     }
-    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+    fn quantization(&self, name: &str) -> Option<PackedFormat> {
         TensorSource::quantization(&self.file, &self.file_name(name)?)
     }
     fn read_quantized_rows(
@@ -347,10 +348,10 @@ impl TensorSource for GgufFile {
     fn bytes_read(&self) -> u64 {
         GgufFile::bytes_read(self)
     }
-    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+    fn quantization(&self, name: &str) -> Option<PackedFormat> {
         let t = self.tensor(name).ok()?;
         let bits = t.kind.affine_bits()?;
-        (t.shape.len() >= 2).then_some((32, bits))
+        (t.shape.len() >= 2).then_some(PackedFormat::affine(32, bits))
     }
     fn read_along(
         &self,
@@ -371,7 +372,7 @@ impl TensorSource for GgufFile {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<super::PackedParts> {
         self.read_packed_stacked(name, axis, ranges, s)
     }
     fn read_quantized_rows(

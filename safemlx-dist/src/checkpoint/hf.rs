@@ -249,16 +249,27 @@ impl Stored for HfDirectory {
     }
 
     /// The quantized weight `name` (`stem.weight`) of an mlx-community
-    /// directory: `config.json`'s `"quantization"` (or a per-layer entry in
-    /// it) and the tensors `stem.scales` and `stem.biases`.
+    /// directory: the tensors `stem.scales` and (affine) `stem.biases`,
+    /// and how `config.json`'s `"quantization"` packs it, as mlx-lm reads
+    /// it: a per-module entry keyed by `stem` (`{group_size, bits[,
+    /// mode]}`, mode `affine` when it names none), else the top-level
+    /// settings (a weight with biases is affine whatever the top-level
+    /// mode says: mlx-lm infers affine from its float scales).
     fn affine(&self, name: &str) -> Option<Affine> {
         let stem = name.strip_suffix(".weight")?;
-        let (scales, biases) = (format!("{stem}.scales"), format!("{stem}.biases"));
-        if !(self.contains(&scales) && self.contains(&biases)) {
+        let scales = format!("{stem}.scales");
+        if !self.contains(&scales) {
             return None;
         }
+        let biases = Some(format!("{stem}.biases")).filter(|b| self.contains(b));
         let q = self.config().get("quantization")?;
-        let q = q.get(stem).filter(|l| l.is_object()).unwrap_or(q);
+        let entry = q.get(stem).filter(|l| l.is_object());
+        let mode = match (entry, &biases) {
+            (Some(entry), _) => entry.get("mode"),
+            (None, Some(_)) => None,
+            (None, None) => q.get("mode"),
+        };
+        let q = entry.unwrap_or(q);
         let get = |key: &str| q.get(key)?.as_u64().map(|v| v as usize);
         Some(Affine {
             weight: name.to_owned(),
@@ -266,6 +277,7 @@ impl Stored for HfDirectory {
             biases,
             group_size: get("group_size")?,
             bits: get("bits")?,
+            mode: mode.and_then(Value::as_str).unwrap_or("affine").to_owned(),
         })
     }
 
@@ -282,27 +294,12 @@ impl Stored for HfDirectory {
         Some(self.block_scaled(name)?.along(self, axis, ranges, s))
     }
 
-    /// An error for a float tensor or a quantization mode other than
-    /// `affine`.
+    /// An error for a float tensor.
     fn affine_to_read(&self, name: &str) -> Result<Affine> {
-        let fail = |message: String| Error::Checkpoint {
+        self.affine(name).ok_or_else(|| Error::Checkpoint {
             path: self.dir.display().to_string(),
-            message,
-        };
-        let affine = self.affine(name).ok_or_else(|| {
-            fail(format!(
-                "tensor `{name}` is not stored quantized; read it as floats"
-            ))
-        })?;
-        match self.config()["quantization"]
-            .get("mode")
-            .and_then(Value::as_str)
-        {
-            Some(mode) if mode != "affine" => Err(fail(format!(
-                "tensor `{name}` is quantized in mode `{mode}`; only `affine` is supported"
-            ))),
-            _ => Ok(affine),
-        }
+            message: format!("tensor `{name}` is not stored quantized; read it as floats"),
+        })
     }
 }
 

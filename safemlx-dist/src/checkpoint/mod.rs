@@ -61,7 +61,7 @@ pub use hf::HfDirectory;
 pub use one_dtype::OneDtype;
 pub use safetensors::SafetensorsFile;
 pub use save::save;
-pub use source::{whole_groups, Dequantized, TensorSource};
+pub use source::{whole_groups, Dequantized, PackedParts, TensorSource};
 pub use weights::Weights;
 
 use crate::error::{Error, Result};

@@ -100,7 +100,7 @@ impl TensorSource for OneDtype<'_> {
     fn stored_name(&self, name: &str) -> String {
         self.source.stored_name(name)
     }
-    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+    fn quantization(&self, name: &str) -> Option<crate::packing::PackedFormat> {
         self.source.quantization(name)
     }
     fn read_quantized_rows(
@@ -126,7 +126,7 @@ impl TensorSource for OneDtype<'_> {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<super::PackedParts> {
         self.source.read_packed_along(name, axis, ranges, s)
     }
 }

@@ -48,9 +48,10 @@ impl Stored for SafetensorsFile {
         (self.contains(&scales) && self.contains(&biases)).then(|| Affine {
             weight: name.to_owned(),
             scales,
-            biases,
+            biases: Some(biases),
             group_size: group_size as usize,
             bits: bits as usize,
+            mode: "affine".to_owned(),
         })
     }
 

@@ -8,6 +8,7 @@ use safemlx::{Array, Dtype, Stream};
 
 use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
+use crate::packing::PackedFormat;
 use crate::runtime::slice_axis;
 
 /// Tensors by name (Hugging Face names for models:
@@ -88,11 +89,12 @@ pub trait TensorSource: std::fmt::Debug {
     fn stored_name(&self, name: &str) -> String {
         name.to_owned()
     }
-    /// `(group_size, bits)` when tensor `name` is stored quantized in a
-    /// form that can stay quantized (MLX affine; GGUF `Q8_0`, `Q4_0`,
-    /// `Q4_1`); `None` for float tensors. [`read`](Self::read) and the
-    /// other float reads dequantize such a tensor.
-    fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+    /// How tensor `name` is packed when it is stored quantized in a form
+    /// that can stay quantized (MLX affine; GGUF `Q8_0`, `Q4_0`, `Q4_1`,
+    /// `Q4_K`, `Q5_K`; MXFP4 stacked experts of an mlx-community gpt-oss);
+    /// `None` for float tensors. [`read`](Self::read) and the other float
+    /// reads dequantize an affine one.
+    fn quantization(&self, name: &str) -> Option<PackedFormat> {
         let _ = name;
         None
     }
@@ -128,7 +130,8 @@ pub trait TensorSource: std::fmt::Debug {
     }
     /// Ranges `(first, count)` along `axis` of the quantized tensor `name`
     /// of any rank (stacked experts `[E, out, in]`), kept packed: its
-    /// `uint32` values, scales and biases, concatenated along `axis`.
+    /// `uint32` values, scales and (affine) biases, concatenated along
+    /// `axis`.
     /// Ranges along the last axis are in values and must be whole groups.
     ///
     /// # Errors
@@ -140,11 +143,15 @@ pub trait TensorSource: std::fmt::Debug {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<PackedParts> {
         let _ = (axis, ranges, s);
         Err(not_quantized(self.path(), name))
     }
 }
+
+/// A packed tensor's parts: `uint32` values, scales and, for affine
+/// quantization, biases.
+pub type PackedParts = (Array, Array, Option<Array>);
 
 fn not_quantized(path: &Path, name: &str) -> Error {
     Error::Checkpoint {
@@ -217,7 +224,7 @@ pub fn whole_groups(
                 Err(Error::Checkpoint {
                     path: path.display().to_string(),
                     message: format!(
-                        "tensor `{name}` is quantized in groups of {group_size} columns; columns {first}..{} cut a group",
+                        "tensor `{name}` is quantized in groups of {group_size} columns; columns {first}..{} cut a group (split it over ranks whose parts are whole groups: fewer ranks or another --tensor-split; or load it as floats: --weights float)",
                         first + count
                     ),
                 })

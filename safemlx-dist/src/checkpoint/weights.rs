@@ -366,7 +366,7 @@ impl<'a, C: Collective> Weights<'a, C> {
     /// `(group_size, bits)` when tensor `name` is stored quantized in a
     /// form that stays quantized; `None` for floats (see
     /// [`TensorSource::quantization`]).
-    pub fn quantization(&self, name: &str) -> Option<(usize, usize)> {
+    pub fn quantization(&self, name: &str) -> Option<crate::packing::PackedFormat> {
         self.source.quantization(&self.name(name))
     }
 
@@ -418,7 +418,8 @@ impl<'a, C: Collective> Weights<'a, C> {
         s: &Stream,
     ) -> Result<QuantizedArray<Q, C>> {
         let full = self.name(name);
-        let Some((group_size, _)) = self.source.quantization(&full) else {
+        let Some(crate::packing::PackedFormat { group_size, .. }) = self.source.quantization(&full)
+        else {
             return Err(Error::Checkpoint {
                 path: self.source.path().display().to_string(),
                 message: format!("tensor `{full}` is not stored quantized; read it as floats"),
@@ -466,7 +467,7 @@ impl<'a, C: Collective> Weights<'a, C> {
         axis: usize,
         ranges: &[(usize, usize)],
         s: &Stream,
-    ) -> Result<[Array; 3]> {
+    ) -> Result<super::PackedParts> {
         self.check(name, shape)?;
         self.source
             .read_packed_along(&self.name(name), axis, ranges, s)

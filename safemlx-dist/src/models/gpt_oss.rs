@@ -20,8 +20,11 @@
 //! The experts split across ranks or are sliced (both placements); their
 //! MXFP4 weights (`*_blocks`, `*_scales`, as OpenAI ships them) stay as
 //! stored where MLX multiplies that mode, else are dequantized to float32
-//! (`Moe::mxfp4_storage`; loading says which in one line); a float copy in
-//! Transformers' layout reads as well.
+//! (`Moe::packed_storage`; loading says which in one line); a float copy in
+//! Transformers' layout reads as well, and so does an mlx-community
+//! directory (mlx-lm's names: the experts de-interleaved into
+//! `experts.gate_proj` / `up_proj` / `down_proj`, MXFP4 in MLX's `mxfp4`
+//! mode or affine, the other layers affine by per-module entries).
 
 use super::config::{ExpertLayout, MoeSettings};
 use super::config_keys::Keys;
@@ -33,6 +36,7 @@ pub(super) const EXPERTS: InterleavedNames = InterleavedNames {
     router: "router",
     gate_up: "experts.gate_up_proj",
     down: "experts.down_proj",
+    mlx_lm: "experts",
 };
 
 /// The sigmoid's slope in gpt-oss's SwiGLU (not in its `config.json`).

@@ -42,7 +42,7 @@ fn read_columns(
     s: &Stream,
 ) -> Result<Stored> {
     Ok(match w.quantization(name) {
-        Some((group_size, _)) => {
+        Some(crate::packing::PackedFormat { group_size, .. }) => {
             let path = w.source().path();
             let groups = whole_groups(path, &w.name(name), ranges, group_size)?;
             Stored::Quantized(w.quantized_groups(name, shape, &groups, s)?)

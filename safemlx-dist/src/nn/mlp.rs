@@ -96,7 +96,7 @@ impl Mlp {
     /// shares, `Weights::with_shares`) applied to `down`'s quantization
     /// groups (to elements when it is float).
     fn hidden_split(w: &Weights, down: &str, hidden: usize) -> Vec<usize> {
-        let unit = w.quantization(down).map_or(1, |(group_size, _)| group_size);
+        let unit = w.quantization(down).map_or(1, |f| f.group_size);
         w.lengths(hidden / unit).iter().map(|c| c * unit).collect()
     }
 

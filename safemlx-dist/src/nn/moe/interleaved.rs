@@ -8,18 +8,21 @@
 //! H, D]`); biases `{name}_bias` `[E, 2H]` (interleaved too) and `[E, D]`;
 //! a router `{router}.weight` `[E, D]` with `{router}.bias` `[E]`.
 //!
-//! MXFP4 experts stay as stored ([`PackedExperts`]) where MLX multiplies
-//! that mode on the stream's device and, under expert tensor parallelism,
-//! every rank gets a block of 32 of the hidden dimension (the hidden
-//! dimension then splits by whole blocks); otherwise they are
-//! dequantized to float32 as they are read (MLX's `dequantize` in `mxfp4`
-//! mode), and the layer says why ([`Moe::packed_storage`]).
+//! MXFP4 experts stay as stored ([`PackedExperts`]) where
+//! [`packed::keep_on`] says: MLX multiplies that mode on the stream's
+//! device and, under expert tensor parallelism, every rank gets a block
+//! of 32 of the hidden dimension (which then splits by whole blocks);
+//! otherwise they are dequantized to float32 as they are read (MLX's
+//! `dequantize` in `mxfp4` mode), and the layer says why
+//! ([`Moe::packed_storage`]). The same experts as mlx-lm saves them
+//! (de-interleaved, `InterleavedNames::mlx_lm`) are read by
+//! `biased_switch.rs`.
 
 use safemlx::ops::{dequantize_with_mode, QuantizationMode};
 use safemlx::{Array, Dtype, Stream};
 
 use super::config::{ExpertPlacement, MoeConfig};
-use super::packed::{self, Packed, PackedExperts, PackedFormat, PackedMatrices};
+use super::packed::{self, Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
 use super::{BiasPair, ExpertBiases, ExpertSlices, ExpertWeights, Experts, HiddenBiases, Moe};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
@@ -37,6 +40,10 @@ pub struct InterleavedNames {
     pub gate_up: &'static str,
     /// The down projection's: `experts.down_proj`.
     pub down: &'static str,
+    /// The stack mlx-lm saves them as, de-interleaved (`experts`: its
+    /// `gate_proj`, `up_proj` and `down_proj` with `.bias` each; see
+    /// `biased_switch.rs`), read when present.
+    pub mlx_lm: &'static str,
 }
 
 /// Which part of an `[E, rows, columns]` matrix a rank reads.
@@ -133,24 +140,6 @@ fn read_packed(
     Ok((packed, scales))
 }
 
-/// Whether MXFP4 experts stay as stored: MLX multiplies that mode on
-/// `s`'s device and each rank gets what [`packed::keep`] asks (`blocks`:
-/// each rank's count of blocks of 32, as the even or weighted split gives
-/// them). The reason when not.
-fn keep_mxfp4(
-    placement: ExpertPlacement,
-    hidden: usize,
-    blocks: &[usize],
-    s: &Stream,
-) -> std::result::Result<(), String> {
-    if let Err(e) = packed::supported(s) {
-        return Err(format!(
-            "MLX does not multiply MXFP4 weights on this device ({e})"
-        ));
-    }
-    packed::keep(placement, hidden, PackedFormat::MXFP4, blocks)
-}
-
 /// `[E', 2k, ...]` interleaved along axis 1 into its even and odd rows,
 /// `[E', k, ...]` each, contiguous: a strided view would be copied again
 /// by every matmul that reads it (MXFP4's `quantized_matmul` takes rows
@@ -189,12 +178,15 @@ impl Moe {
         s: &Stream,
     ) -> Result<Self> {
         config.check(experts)?;
+        if w.contains(&format!("{}.gate_proj.weight", names.mlx_lm)) {
+            return Self::load_biased_switch(w, names, (dim, hidden, experts), config, s);
+        }
         let group = w.comm();
-        let (h, e) = (hidden as i32, experts as i32);
         let rank = group.rank();
-        let mxfp4 = w
-            .contains(&format!("{}_blocks", names.gate_up))
-            .then(|| keep_mxfp4(config.placement, hidden, &w.lengths(hidden / 32), s));
+        let mxfp4 = w.contains(&format!("{}_blocks", names.gate_up)).then(|| {
+            let blocks = w.lengths(hidden / 32);
+            packed::keep_on(s, config.placement, hidden, PackedFormat::MXFP4, &blocks)
+        });
         // Each rank's share of the hidden dimension: whole blocks of 32
         // for experts kept in MXFP4 (2880 over 4 ranks is 736 + 736 +
         // 704 + 704).
@@ -216,8 +208,6 @@ impl Moe {
                 )
             }
         };
-        let router = w.full(&format!("{}.weight", names.router), &[experts, dim], s)?;
-        let router_bias = w.full(&format!("{}.bias", names.router), &[experts], s)?;
         let (axis, range) = match gate_up_cut {
             Cut::Experts(r) => (0, r),
             Cut::Rows(r) | Cut::Columns(r) => (1, r),
@@ -225,18 +215,13 @@ impl Moe {
         let name = format!("{}_bias", names.gate_up);
         let gate_up_bias = w.along((&name, false), &[experts, 2 * hidden], axis, &[range], s)?;
         let (gate_bias, up_bias) = deinterleave(&gate_up_bias.as_dtype(Dtype::Float32, s)?, s)?;
-        let down_bias = w.full(&format!("{}_bias", names.down), &[experts, dim], s)?;
-        let by_expert = w.lengths(experts);
-        let hidden_biases = match config.placement {
-            ExpertPlacement::ExpertParallel => HiddenBiases::Parallel(BiasPair {
-                gate: ShardedArray::from_local_split(gate_bias, group, &[e, h], &by_expert)?,
-                up: ShardedArray::from_local_split(up_bias, group, &[e, h], &by_expert)?,
-            }),
-            ExpertPlacement::ExpertTensorParallel => HiddenBiases::TensorParallel(BiasPair {
-                gate: ShardedArray::from_local_split(gate_bias, group, &[e, h], &split)?,
-                up: ShardedArray::from_local_split(up_bias, group, &[e, h], &split)?,
-            }),
-        };
+        let hidden_biases = HiddenBiases::placed(
+            w,
+            (gate_bias, up_bias),
+            (experts, hidden),
+            (config.placement, &split),
+            s,
+        )?;
         let cuts = (gate_up_cut, down_cut, &split[..]);
         let experts_part = match &mxfp4 {
             Some(Ok(())) => Experts::Packed(Box::new(read_mxfp4(
@@ -262,19 +247,77 @@ impl Moe {
                 }
             }
         };
+        let packed = mxfp4.map(|kept| (PackedFormat::MXFP4, kept));
+        let parts = (experts_part, hidden_biases, packed);
+        Self::with_router(w, names, (dim, experts), config, parts, s)
+    }
+
+    /// The layer around this rank's experts and their gate and up biases:
+    /// the router (`{router}.weight` `[E, D]` and `.bias`) and the down
+    /// biases (`{down}_bias`, or mlx-lm's `{mlx_lm}.down_proj.bias`, `[E,
+    /// D]`), read whole.
+    pub(super) fn with_router(
+        w: &Weights,
+        names: &InterleavedNames,
+        (dim, experts): (usize, usize),
+        config: MoeConfig,
+        (experts_part, hidden, packed): (Experts, HiddenBiases, Option<Storage>),
+        s: &Stream,
+    ) -> Result<Self> {
+        let group = w.comm();
+        let router = w.full(&format!("{}.weight", names.router), &[experts, dim], s)?;
+        let router_bias = w.full(&format!("{}.bias", names.router), &[experts], s)?;
+        let down = match w.contains(&format!("{}_bias", names.down)) {
+            true => format!("{}_bias", names.down),
+            false => format!("{}.down_proj.bias", names.mlx_lm),
+        };
+        let down_bias = w.full(&down, &[experts, dim], s)?;
         Ok(Self {
             router: ShardedArray::replicated(router.transpose(s)?, group),
             router_bias: Some(ShardedArray::replicated(router_bias, group)),
             experts: Box::new(experts_part),
             biases: Some(Box::new(ExpertBiases {
-                hidden: hidden_biases,
+                hidden,
                 down: ShardedArray::replicated(down_bias.as_dtype(Dtype::Float32, s)?, group),
             })),
             shared: None,
             score_bias: None,
             config,
             num_experts: experts,
-            packed: mxfp4.map(|kept| (PackedFormat::MXFP4, kept)),
+            packed,
+        })
+    }
+}
+
+impl HiddenBiases {
+    /// This rank's gate and up biases (`[E', H]` of its experts, or `[E,
+    /// H']` of its hidden slice, as `(placement, split)` places them:
+    /// `split` each rank's hidden lengths), placed.
+    pub(super) fn placed(
+        w: &Weights,
+        (gate, up): (Array, Array),
+        (experts, hidden): (usize, usize),
+        (placement, split): (ExpertPlacement, &[usize]),
+        s: &Stream,
+    ) -> Result<Self> {
+        let group = w.comm();
+        let global = [experts as i32, hidden as i32];
+        let (gate, up) = (
+            gate.as_dtype(Dtype::Float32, s)?,
+            up.as_dtype(Dtype::Float32, s)?,
+        );
+        Ok(match placement {
+            ExpertPlacement::ExpertParallel => {
+                let by_expert = w.lengths(experts);
+                Self::Parallel(BiasPair {
+                    gate: ShardedArray::from_local_split(gate, group, &global, &by_expert)?,
+                    up: ShardedArray::from_local_split(up, group, &global, &by_expert)?,
+                })
+            }
+            ExpertPlacement::ExpertTensorParallel => Self::TensorParallel(BiasPair {
+                gate: ShardedArray::from_local_split(gate, group, &global, split)?,
+                up: ShardedArray::from_local_split(up, group, &global, split)?,
+            }),
         })
     }
 }

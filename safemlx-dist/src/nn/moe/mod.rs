@@ -18,6 +18,7 @@
 //! GPU streams, and as one matmul per local expert on CPU streams, where
 //! MLX's `gather_mm` multiplies row by row (see [`ExpertMatmul`]).
 
+mod biased_switch;
 mod config;
 mod experts;
 mod forward;

@@ -8,71 +8,14 @@
 //! `[E, out, in / group_size]`. They are frozen: no parameters.
 
 use safemlx::ops::{gather_qmm_with_mode, quantized_matmul_with_mode, QuantizationMode};
+
+pub use crate::packing::PackedFormat;
 use safemlx::{Array, Stream};
 
 use crate::error::{Error, Result};
 use crate::grad::{check_count, Parameter, Parameters};
 use crate::runtime::slice_axis;
 use crate::typed::{Placement, Sharded, ShardedArray};
-
-/// How expert matrices are packed: MLX's mode, values per scale, bits
-/// per value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PackedFormat {
-    /// MLX's quantization mode.
-    pub mode: QuantizationMode,
-    /// Values per scale (and bias).
-    pub group_size: usize,
-    /// Bits per value.
-    pub bits: usize,
-}
-
-impl PackedFormat {
-    /// gpt-oss's MXFP4: 4-bit values, one power-of-two scale per 32.
-    pub const MXFP4: Self = Self {
-        mode: QuantizationMode::MxFp4,
-        group_size: 32,
-        bits: 4,
-    };
-
-    /// MLX's affine quantization (a scale and a bias per group).
-    pub fn affine(group_size: usize, bits: usize) -> Self {
-        Self {
-            mode: QuantizationMode::Affine,
-            group_size,
-            bits,
-        }
-    }
-
-    /// `uint32` words of packed values per group.
-    pub fn words_per_group(&self) -> usize {
-        self.group_size * self.bits / 32
-    }
-
-    /// In messages: `MXFP4`, `4-bit affine (groups of 64)`.
-    pub fn label(&self) -> String {
-        match self.mode {
-            QuantizationMode::MxFp4 => "MXFP4".to_owned(),
-            QuantizationMode::Affine => {
-                format!("{}-bit affine (groups of {})", self.bits, self.group_size)
-            }
-        }
-    }
-
-    /// Stored bits per value, scales (8-bit for MXFP4, 16-bit scales and
-    /// biases for affine) included.
-    pub fn stored_bits(&self) -> f64 {
-        let per_group = match self.mode {
-            QuantizationMode::MxFp4 => 8.0,
-            QuantizationMode::Affine => 32.0,
-        };
-        self.bits as f64 + per_group / self.group_size as f64
-    }
-
-    fn ints(&self) -> (i32, i32) {
-        (self.group_size as i32, self.bits as i32)
-    }
-}
 
 /// Whether experts packed in `format` stay packed under `placement`:
 /// under expert tensor parallelism every rank needs a whole group of the
@@ -104,6 +47,25 @@ pub(super) fn keep(
         hidden / format.group_size,
         per_rank.join(" + ")
     ))
+}
+
+/// [`keep`], when MLX also multiplies `format` on `s`'s device (MXFP4 is
+/// tried once: [`supported`]).
+pub(super) fn keep_on(
+    s: &Stream,
+    placement: super::ExpertPlacement,
+    hidden: usize,
+    format: PackedFormat,
+    groups: &[usize],
+) -> std::result::Result<(), String> {
+    if format.mode == QuantizationMode::MxFp4 {
+        if let Err(e) = supported(s) {
+            return Err(format!(
+                "MLX does not multiply MXFP4 weights on this device ({e})"
+            ));
+        }
+    }
+    keep(placement, hidden, format, groups)
 }
 
 /// One projection of the local experts: packed values, scales and (affine)

@@ -2,15 +2,17 @@
 //! MoE (mlx-lm's `SwitchGLU`): `{switch}.gate_proj` and `{switch}.up_proj`
 //! `[E, H, D]`, `{switch}.down_proj` `[E, D, H]` (output rows by input
 //! columns), as floats or affine quantized (`.weight` `uint32` `[E, out,
-//! in * bits / 32]`, `.scales` and `.biases` `[E, out, in / group_size]`).
+//! in * bits / 32]`, `.scales` and `.biases` `[E, out, in / group_size]`),
+//! or in MLX's `mxfp4` mode (gpt-oss's: `.scales` `uint8`, no biases).
 //!
 //! Each rank reads only its experts (expert parallel) or its hidden slice
 //! of every expert (expert tensor parallel: the gate and up rows, the down
 //! projection's columns). Quantized experts stay packed and multiply with
 //! MLX's `gather_qmm`; under expert tensor parallelism the hidden
 //! dimension then splits by whole groups, and when that would leave a
-//! rank no group (MLX's kernels take no empty matrix) they are dequantized
-//! to float32 as they are read, and the layer says why.
+//! rank no group (MLX's kernels take no empty matrix), or MLX does not
+//! multiply MXFP4 on the stream's device, they are dequantized as they
+//! are read, and the layer says why.
 
 use safemlx::{Array, Stream};
 
@@ -53,14 +55,14 @@ pub(super) fn read(
         [experts, dim, hidden],
     ];
     let mixed = quantization.iter().any(|q| *q != quantization[0]);
-    if let (true, Some(&(group_size, bits))) = (mixed, quantization.iter().flatten().next()) {
+    if let (true, Some(&format)) = (mixed, quantization.iter().flatten().next()) {
         // One stack of packed experts takes one format (llama.cpp's
         // Q4_K_M stores some layers' down experts in Q6_K): all floats.
         let forms: Vec<String> = quantization
             .iter()
             .zip(&names)
             .map(|(q, n)| match q {
-                Some((g, b)) => format!("{} {b}-bit affine (groups of {g})", w.named(&w.name(n))),
+                Some(f) => format!("{} {}", w.named(&w.name(n)), f.label()),
                 None => format!("{} without an MLX affine form", w.named(&w.name(n))),
             })
             .collect();
@@ -69,17 +71,16 @@ pub(super) fn read(
             forms.join(", ")
         );
         let float = read_float(w, &names, shapes, placement, s)?;
-        let format = PackedFormat::affine(group_size, bits);
         return Ok(Some((
             Experts::Frozen(Frozen::new(float)),
             Some((format, Err(why))),
         )));
     }
-    let Some((group_size, bits)) = quantization[0] else {
+    let Some(format) = quantization[0] else {
         return Ok(Some((read_float(w, &names, shapes, placement, s)?, None)));
     };
-    let format = PackedFormat::affine(group_size, bits);
-    let kept = super::packed::keep(placement, hidden, format, &w.lengths(hidden / group_size));
+    let groups = w.lengths(hidden / format.group_size);
+    let kept = super::packed::keep_on(s, placement, hidden, format, &groups);
     let part = match &kept {
         Ok(()) => Experts::Packed(Box::new(read_packed(
             w,
@@ -174,7 +175,7 @@ fn read_packed(
         (split, format): (&[usize], PackedFormat),
         s: &Stream,
     ) -> Result<Packed<P>> {
-        let [packed, scales, biases] = w.packed_along(name, &shape, axis, &[range], s)?;
+        let (packed, scales, biases) = w.packed_along(name, &shape, axis, &[range], s)?;
         let g = format.group_size;
         let global = |last: usize| -> [i32; 3] { [shape[0] as i32, shape[1] as i32, last as i32] };
         let (words, groups) = (
@@ -191,12 +192,9 @@ fn read_packed(
         Ok(Packed {
             packed: ShardedArray::from_local_split(packed, comm, &words, &split_words)?,
             scales: ShardedArray::from_local_split(scales, comm, &groups, &split_groups)?,
-            biases: Some(ShardedArray::from_local_split(
-                biases,
-                comm,
-                &groups,
-                &split_groups,
-            )?),
+            biases: biases
+                .map(|b| ShardedArray::from_local_split(b, comm, &groups, &split_groups))
+                .transpose()?,
         })
     }
     let at = |i: usize| (names[i].as_str(), shapes[i], cut[i]);
