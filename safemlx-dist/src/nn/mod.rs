@@ -40,7 +40,7 @@ pub use mlp::{GateUp, Mlp, MlpNames};
 pub use moe::{
     ExpertActivation, ExpertBiases, ExpertMatmul, ExpertNames, ExpertPlacement, ExpertSlices,
     ExpertWeights, Gating, InterleavedNames, Moe, MoeConfig, MoeOutput, Packed, PackedExperts,
-    PackedFormat, PackedMatrices, SharedExperts,
+    PackedFormat, PackedMatrices, Projection, SharedExperts,
 };
 pub use norm::RmsNorm;
 pub use shared_head::SharedHead;

@@ -25,9 +25,24 @@ impl Llama {
         let dropped = storage
             .iter()
             .find_map(|(f, k)| k.as_ref().err().map(|why| (f, why)));
-        let keeping = format!(
+        let mut keeping = format!(
             "keeping the {what} experts of {kept} layers as stored (MLX's {mode} quantized matmuls)"
         );
+        let floats: Vec<usize> = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mlp {
+                FeedForward::Moe(m) => Some(m.float_projections()).filter(|&n| n > 0),
+                FeedForward::Dense(_) => None,
+            })
+            .collect();
+        if !floats.is_empty() {
+            keeping += &format!(
+                ", but for {} projections of {} layers stored without a packed form, held as float32",
+                floats.iter().sum::<usize>(),
+                floats.len()
+            );
+        }
         let Some((format, why)) = dropped else {
             return Some(keeping);
         };

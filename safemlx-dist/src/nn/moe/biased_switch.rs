@@ -38,13 +38,9 @@ impl Moe {
                 message: format!("has no tensor {}", w.named(&w.name(stack))),
             });
         };
-        // The hidden split switch.rs took: whole groups of packed experts
-        // kept packed, single columns otherwise.
-        let unit = match &storage {
-            Some((format, Ok(()))) => format.group_size,
-            _ => 1,
-        };
-        let split = w.lengths_in(hidden, unit);
+        // The hidden split switch.rs took.
+        let kept = matches!(storage, Some((_, Ok(()))));
+        let split = super::switch::hidden_split(w, stack, hidden, kept);
         let (axis, range) = match config.placement {
             ExpertPlacement::ExpertParallel => (0, w.chunk(experts)),
             ExpertPlacement::ExpertTensorParallel => {

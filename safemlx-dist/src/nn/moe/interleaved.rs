@@ -22,7 +22,9 @@ use safemlx::ops::{dequantize_with_mode, QuantizationMode};
 use safemlx::{Array, Dtype, Stream};
 
 use super::config::{ExpertPlacement, MoeConfig};
-use super::packed::{self, Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
+use super::packed::{
+    self, Packed, PackedExperts, PackedFormat, PackedMatrices, Projection, Storage,
+};
 use super::{BiasPair, ExpertBiases, ExpertSlices, ExpertWeights, Experts, HiddenBiases, Moe};
 use crate::checkpoint::Weights;
 use crate::error::{Error, Result};
@@ -373,15 +375,16 @@ fn read_mxfp4(
     let (down_p, down_s) = read_packed(w, names.down, (experts, dim, hidden), down_cut, s)?;
     if let Cut::Experts(_) = down_cut {
         let by_expert = w.lengths(experts);
-        let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<Packed<_>> {
+        let of = |packed: Array, scales: Array, (rows, columns): (i32, i32)| -> Result<_> {
             let part = |a: Array, global: [i32; 3]| {
                 ShardedArray::from_local_split(a, group, &global, &by_expert)
             };
-            Ok(Packed {
+            let packed = Packed {
                 packed: part(packed, [e, rows, columns / 8])?,
                 scales: part(scales, [e, rows, columns / 32])?,
                 biases: None,
-            })
+            };
+            Ok(Projection::Packed(Box::new(packed), PackedFormat::MXFP4))
         };
         return Ok(PackedExperts {
             format: PackedFormat::MXFP4,
@@ -392,12 +395,13 @@ fn read_mxfp4(
             ]),
         });
     }
-    let rows = |packed: Array, scales: Array| -> Result<Packed<_>> {
-        Ok(Packed {
+    let rows = |packed: Array, scales: Array| -> Result<_> {
+        let packed = Packed {
             packed: ShardedArray::from_local_split(packed, group, &[e, h, d / 8], split)?,
             scales: ShardedArray::from_local_split(scales, group, &[e, h, d / 32], split)?,
             biases: None,
-        })
+        };
+        Ok(Projection::Packed(Box::new(packed), PackedFormat::MXFP4))
     };
     // The down projection's columns: each rank's hidden slice (whole
     // blocks), in words of 8 values and blocks of 32.
@@ -409,6 +413,9 @@ fn read_mxfp4(
     };
     Ok(PackedExperts {
         format: PackedFormat::MXFP4,
-        matrices: PackedMatrices::TensorParallel([rows(gate_p, gate_s)?, rows(up_p, up_s)?], down),
+        matrices: PackedMatrices::TensorParallel(
+            [rows(gate_p, gate_s)?, rows(up_p, up_s)?],
+            Projection::Packed(Box::new(down), PackedFormat::MXFP4),
+        ),
     })
 }

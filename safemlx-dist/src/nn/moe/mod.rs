@@ -36,7 +36,7 @@ pub use config::{ExpertActivation, ExpertMatmul, ExpertPlacement, Gating, MoeCon
 pub use experts::{ExpertNames, ExpertSlices, ExpertWeights};
 pub use interleaved::InterleavedNames;
 use packed::ExpertMatrices;
-pub use packed::{Packed, PackedExperts, PackedFormat, PackedMatrices};
+pub use packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Projection};
 
 use super::Mlp;
 use crate::grad::Parameters;
@@ -73,7 +73,7 @@ impl Experts {
         let lengths = match self {
             Self::Parallel(w) => w.gate.axis_lengths(0),
             Self::Packed(m) => match &m.matrices {
-                PackedMatrices::Parallel([g, ..]) => g.packed.axis_lengths(0),
+                PackedMatrices::Parallel([g, ..]) => g.axis_lengths(0),
                 PackedMatrices::TensorParallel(..) => return vec![(0, experts); n],
             },
             Self::TensorParallel(_) => return vec![(0, experts); n],
@@ -98,7 +98,7 @@ impl Experts {
             Self::TensorParallel(w) => {
                 ExpertMatrices::Float([w.gate.local(), w.up.local(), w.down.local()])
             }
-            Self::Packed(m) => ExpertMatrices::Packed(m.locals(), m.format),
+            Self::Packed(m) => ExpertMatrices::Packed(m.locals()),
             Self::Frozen(f) => f.get().matrices(),
         }
     }
@@ -106,10 +106,7 @@ impl Experts {
     fn nbytes(&self) -> usize {
         match self.matrices() {
             ExpertMatrices::Float(m) => m.iter().map(|a| a.nbytes()).sum(),
-            ExpertMatrices::Packed(m, _) => m
-                .iter()
-                .map(|(p, s, b)| p.nbytes() + s.nbytes() + b.map_or(0, |b| b.nbytes()))
-                .sum(),
+            ExpertMatrices::Packed(m) => m.iter().map(|l| l.nbytes()).sum(),
         }
     }
 }
@@ -265,6 +262,15 @@ impl Moe {
     /// checkpoints.
     pub fn packed_storage(&self) -> Option<(PackedFormat, &std::result::Result<(), String>)> {
         self.packed.as_ref().map(|(format, kept)| (*format, kept))
+    }
+
+    /// How many projections of packed experts are held as floats (stored
+    /// without a packed form beside packed ones).
+    pub fn float_projections(&self) -> usize {
+        match self.experts.as_ref() {
+            Experts::Packed(m) => m.float_projections(),
+            _ => 0,
+        }
     }
 
     /// Bytes of this rank's weights.

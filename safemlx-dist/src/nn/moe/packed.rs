@@ -5,7 +5,10 @@
 //! `uint32` (eight 4-bit values a word) and `[E, out, in / 32]` `uint8`
 //! (one power-of-two scale per 32 values). Affine (mlx-community's
 //! `switch_mlp`): `[E, out, in * bits / 32]` `uint32`, scales and biases
-//! `[E, out, in / group_size]`. They are frozen: no parameters.
+//! `[E, out, in / group_size]`. A projection whose stored type has no
+//! packed form beside packed ones (llama.cpp's Q4_K_M keeps some `down`
+//! stacks in Q6_K) is held dequantized, `[E, out, in]` floats placed the
+//! same way, and the others stay packed. They are frozen: no parameters.
 
 use safemlx::ops::{gather_qmm_with_mode, quantized_matmul_with_mode, QuantizationMode};
 
@@ -91,6 +94,52 @@ impl<P: Placement> Packed<P> {
     }
 }
 
+/// One projection of packed experts: packed as stored (in its format), or
+/// dequantized `[E, out, in]` floats placed the same way (a stored type
+/// without a packed form, beside packed projections).
+#[derive(Debug, Clone)]
+pub enum Projection<P: Placement> {
+    /// Packed values, scales and biases.
+    Packed(Box<Packed<P>>, PackedFormat),
+    /// Floats, output rows by input columns.
+    Float(ShardedArray<P>),
+}
+
+impl<P: Placement> Projection<P> {
+    fn locals(&self) -> ProjectionLocals<'_> {
+        match self {
+            Self::Packed(p, format) => ProjectionLocals::Packed(p.locals(), *format),
+            Self::Float(a) => ProjectionLocals::Float(a.local()),
+        }
+    }
+
+    /// Every rank's length along `axis` (of the packed values or floats).
+    pub fn axis_lengths(&self, axis: usize) -> Vec<usize> {
+        match self {
+            Self::Packed(p, _) => p.packed.axis_lengths(axis),
+            Self::Float(a) => a.axis_lengths(axis),
+        }
+    }
+}
+
+/// A projection's local parts as a forward multiplies them.
+#[derive(Clone, Copy)]
+pub(super) enum ProjectionLocals<'a> {
+    /// Packed values, scales and biases, and their format.
+    Packed(PackedLocals<'a>, PackedFormat),
+    /// Floats `[E', out, in]`.
+    Float(&'a Array),
+}
+
+impl ProjectionLocals<'_> {
+    pub(super) fn nbytes(&self) -> usize {
+        match self {
+            Self::Packed((p, s, b), _) => p.nbytes() + s.nbytes() + b.map_or(0, |b| b.nbytes()),
+            Self::Float(a) => a.nbytes(),
+        }
+    }
+}
+
 /// How a layer's experts are held when they were stored packed: kept, or
 /// dequantized and why.
 pub(super) type Storage = (PackedFormat, std::result::Result<(), String>);
@@ -104,7 +153,8 @@ pub(super) type PackedLocals<'a> = (&'a Array, &'a Array, Option<&'a Array>);
 /// and up rows, the down projection's whole groups of columns).
 #[derive(Debug, Clone)]
 pub struct PackedExperts {
-    /// How they are packed.
+    /// How the packed projections are packed (the first's, when they
+    /// differ).
     pub format: PackedFormat,
     /// The matrices, by placement.
     pub matrices: PackedMatrices,
@@ -114,19 +164,28 @@ pub struct PackedExperts {
 #[derive(Debug, Clone)]
 pub enum PackedMatrices {
     /// Gate, up and down of this rank's experts.
-    Parallel([Packed<Sharded<0>>; 3]),
+    Parallel([Projection<Sharded<0>>; 3]),
     /// Every expert's gate and up rows and down columns of this rank's
     /// hidden slice.
-    TensorParallel([Packed<Sharded<1>>; 2], Packed<Sharded<2>>),
+    TensorParallel([Projection<Sharded<1>>; 2], Projection<Sharded<2>>),
 }
 
 impl PackedExperts {
-    /// Gate, up and down: packed values, scales and biases.
-    pub(super) fn locals(&self) -> [PackedLocals<'_>; 3] {
+    /// Gate, up and down: packed parts, or floats.
+    pub(super) fn locals(&self) -> [ProjectionLocals<'_>; 3] {
         match &self.matrices {
             PackedMatrices::Parallel([g, u, d]) => [g.locals(), u.locals(), d.locals()],
             PackedMatrices::TensorParallel([g, u], d) => [g.locals(), u.locals(), d.locals()],
         }
+    }
+
+    /// How many of the three projections are held as floats.
+    pub fn float_projections(&self) -> usize {
+        let locals = self.locals();
+        locals
+            .iter()
+            .filter(|l| matches!(l, ProjectionLocals::Float(_)))
+            .count()
     }
 }
 
@@ -147,8 +206,8 @@ pub(super) enum ExpertMatrices<'a> {
     /// Float gate and up `[E', D, H']`, down `[E', H', D]` (input rows).
     Float([&'a Array; 3]),
     /// Packed gate and up `[E', H', D]`, down `[E', D, H']` (output rows):
-    /// packed values, scales and biases.
-    Packed([PackedLocals<'a>; 3], PackedFormat),
+    /// packed parts, or floats in the same orientation.
+    Packed([ProjectionLocals<'a>; 3]),
 }
 
 impl ExpertMatrices<'_> {
@@ -159,8 +218,11 @@ impl ExpertMatrices<'_> {
             |a: &Array| -> Result<Array> { Ok(slice_axis(a, 0, e, 1, s)?.squeeze_axes(&[0], s)?) };
         match self {
             Self::Float(m) => Ok(x.matmul(pick(m[which])?, s)?),
-            Self::Packed(m, format) => {
-                let (packed, scales, biases) = m[which];
+            Self::Packed(m) => {
+                let ((packed, scales, biases), format) = match m[which] {
+                    ProjectionLocals::Packed(parts, format) => (parts, format),
+                    ProjectionLocals::Float(a) => return Ok(x.matmul(pick(a)?.transpose(s)?, s)?),
+                };
                 let biases = biases.map(pick).transpose()?;
                 let (group_size, bits) = format.ints();
                 Ok(quantized_matmul_with_mode(
@@ -189,8 +251,14 @@ impl ExpertMatrices<'_> {
     ) -> Result<Array> {
         match self {
             Self::Float(m) => Ok(safemlx::ops::gather_mm(x, m[which], None, ids, true, s)?),
-            Self::Packed(m, format) => {
-                let (packed, scales, biases) = m[which];
+            Self::Packed(m) => {
+                let ((packed, scales, biases), format) = match m[which] {
+                    ProjectionLocals::Packed(parts, format) => (parts, format),
+                    ProjectionLocals::Float(a) => {
+                        let rows_in = a.swap_axes(1, 2, s)?;
+                        return Ok(safemlx::ops::gather_mm(x, &rows_in, None, ids, true, s)?);
+                    }
+                };
                 let (group_size, bits) = format.ints();
                 Ok(gather_qmm_with_mode(
                     x,

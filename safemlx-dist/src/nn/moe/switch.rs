@@ -17,7 +17,7 @@
 use safemlx::{Array, Stream};
 
 use super::config::ExpertPlacement;
-use super::packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Storage};
+use super::packed::{Packed, PackedExperts, PackedFormat, PackedMatrices, Projection, Storage};
 use super::{ExpertSlices, ExpertWeights, Experts};
 use crate::checkpoint::Weights;
 use crate::error::Result;
@@ -31,11 +31,12 @@ const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// experts)` its sizes), with how it holds packed ones; `None` when `w`
 /// has no such stack.
 ///
-/// Projections stored in different forms (llama.cpp's mixes) are all
-/// dequantized as they are read, and the layer says why.
+/// A projection stored without a packed form beside packed ones
+/// (llama.cpp's Q4_K_M keeps some `down` stacks in Q6_K) is held as
+/// floats and the others stay packed.
 ///
 /// # Errors
-/// A projection missing, of another shape, or in a mode other than affine
+/// A projection missing, of another shape, or in a mode not read here
 /// (named), or a failed read.
 pub(super) fn read(
     w: &Weights,
@@ -54,38 +55,24 @@ pub(super) fn read(
         [experts, hidden, dim],
         [experts, dim, hidden],
     ];
-    let mixed = quantization.iter().any(|q| *q != quantization[0]);
-    if let (true, Some(&format)) = (mixed, quantization.iter().flatten().next()) {
-        // One stack of packed experts takes one format (llama.cpp's
-        // Q4_K_M stores some layers' down experts in Q6_K): all floats.
-        let forms: Vec<String> = quantization
-            .iter()
-            .zip(&names)
-            .map(|(q, n)| match q {
-                Some(f) => format!("{} {}", w.named(&w.name(n)), f.label()),
-                None => format!("{} without an MLX affine form", w.named(&w.name(n))),
-            })
-            .collect();
-        let why = format!(
-            "the stack's projections are stored in different forms ({}), and one stack of packed experts takes one",
-            forms.join(", ")
-        );
-        let float = read_float(w, &names, shapes, placement, s)?;
-        return Ok(Some((
-            Experts::Frozen(Frozen::new(float)),
-            Some((format, Err(why))),
-        )));
-    }
-    let Some(format) = quantization[0] else {
+    // The format a layout must keep whole: the down projection's (its
+    // input is the hidden dimension that expert tensor parallelism cuts),
+    // else the first packed one's.
+    let Some(format) = quantization[2].or(quantization[0]).or(quantization[1]) else {
         return Ok(Some((read_float(w, &names, shapes, placement, s)?, None)));
     };
-    let groups = w.lengths(hidden / format.group_size);
-    let kept = super::packed::keep_on(s, placement, hidden, format, &groups);
+    // The split's unit: a packed down projection's groups, else columns.
+    let cut = quantization[2].unwrap_or(PackedFormat {
+        group_size: 1,
+        ..format
+    });
+    let groups = w.lengths(hidden / cut.group_size);
+    let kept = super::packed::keep_on(s, placement, hidden, cut, &groups);
     let part = match &kept {
         Ok(()) => Experts::Packed(Box::new(read_packed(
             w,
             &names,
-            shapes,
+            (shapes, quantization),
             (placement, format),
             s,
         )?)),
@@ -95,6 +82,19 @@ pub(super) fn read(
         }
     };
     Ok(Some((part, Some((format, kept)))))
+}
+
+/// Each rank's lengths of the hidden dimension `hidden` of the stack
+/// `switch` (as [`read`] splits it under expert tensor parallelism):
+/// whole groups of a packed down projection when the experts stay packed
+/// (`kept`), single columns otherwise.
+pub(super) fn hidden_split(w: &Weights, switch: &str, hidden: usize, kept: bool) -> Vec<usize> {
+    let down = w.quantization(&format!("{switch}.down_proj.weight"));
+    let unit = match (kept, down) {
+        (true, Some(f)) => f.group_size,
+        _ => 1,
+    };
+    w.lengths_in(hidden, unit)
 }
 
 /// Where a rank's part of a projection is: `(axis, (first, count))`.
@@ -157,27 +157,36 @@ fn read_float(
 }
 
 /// This rank's experts kept packed: gate and up `[E', H', D]`, down `[E',
-/// D, H']` as stored.
+/// D, H']` as stored (a projection without a packed form dequantized, in
+/// the same orientation).
 fn read_packed(
     w: &Weights,
     names: &[String; 3],
-    shapes: [[usize; 3]; 3],
+    (shapes, quantization): ([[usize; 3]; 3], [Option<PackedFormat>; 3]),
     (placement, format): (ExpertPlacement, PackedFormat),
     s: &Stream,
 ) -> Result<PackedExperts> {
     let [e, h, _] = shapes[0];
-    let (cut, split) = cuts(w, (e, h), placement, format.group_size);
-    // Packed values, scales and biases of projection `i`, placed as `P`
-    // along the cut's axis, each rank's lengths `split` in values.
+    let unit = quantization[2].map_or(1, |f| f.group_size);
+    let (cut, split) = cuts(w, (e, h), placement, unit);
+    // Projection `name` placed as `P` along the cut's axis, each rank's
+    // lengths `split` in values: packed values, scales and biases, or
+    // floats.
     fn placed<P: Placement>(
         w: &Weights,
         (name, shape, (axis, range)): (&str, [usize; 3], Cut),
-        (split, format): (&[usize], PackedFormat),
+        (split, format): (&[usize], Option<PackedFormat>),
         s: &Stream,
-    ) -> Result<Packed<P>> {
+    ) -> Result<Projection<P>> {
+        let comm = w.comm();
+        let global = |last: usize| -> [i32; 3] { [shape[0] as i32, shape[1] as i32, last as i32] };
+        let Some(format) = format else {
+            let floats = w.floats_along(name, &shape, axis, range, s)?;
+            let floats = ShardedArray::from_local_split(floats, comm, &global(shape[2]), split)?;
+            return Ok(Projection::Float(floats));
+        };
         let (packed, scales, biases) = w.packed_along(name, &shape, axis, &[range], s)?;
         let g = format.group_size;
-        let global = |last: usize| -> [i32; 3] { [shape[0] as i32, shape[1] as i32, last as i32] };
         let (words, groups) = (
             global(shape[2] / g * format.words_per_group()),
             global(shape[2] / g),
@@ -188,26 +197,26 @@ fn read_packed(
             2 => (per(format.words_per_group(), g), per(1, g)),
             _ => (split.to_vec(), split.to_vec()),
         };
-        let comm = w.comm();
-        Ok(Packed {
+        let packed = Packed {
             packed: ShardedArray::from_local_split(packed, comm, &words, &split_words)?,
             scales: ShardedArray::from_local_split(scales, comm, &groups, &split_groups)?,
             biases: biases
                 .map(|b| ShardedArray::from_local_split(b, comm, &groups, &split_groups))
                 .transpose()?,
-        })
+        };
+        Ok(Projection::Packed(Box::new(packed), format))
     }
     let at = |i: usize| (names[i].as_str(), shapes[i], cut[i]);
-    let how = (&split[..], format);
+    let how = |i: usize| (&split[..], quantization[i]);
     let matrices = match placement {
         ExpertPlacement::ExpertParallel => PackedMatrices::Parallel([
-            placed(w, at(0), how, s)?,
-            placed(w, at(1), how, s)?,
-            placed(w, at(2), how, s)?,
+            placed(w, at(0), how(0), s)?,
+            placed(w, at(1), how(1), s)?,
+            placed(w, at(2), how(2), s)?,
         ]),
         ExpertPlacement::ExpertTensorParallel => PackedMatrices::TensorParallel(
-            [placed(w, at(0), how, s)?, placed(w, at(1), how, s)?],
-            placed(w, at(2), how, s)?,
+            [placed(w, at(0), how(0), s)?, placed(w, at(1), how(1), s)?],
+            placed(w, at(2), how(2), s)?,
         ),
     };
     Ok(PackedExperts { format, matrices })
