@@ -2,12 +2,13 @@
 //! ranks: a bfloat16 checkpoint (the tiny DeepSeek-V3 of the goldens,
 //! latent attention and a shared expert, copied to bfloat16) and
 //! mlx-community MoE directories made by `mlx_lm.convert -q` (loaded as
-//! stored: the experts stay quantized; gpt-oss's in MXFP4) and GGUF K-quants made by llama.cpp
-//! (Q4_K_M; Mixtral and DeepSeek-V3 GGUFs with stacked experts; a
-//! Phi-4-mini GGUF), and DeepSeek's FP8 release layout, in both expert
-//! placements, as pipeline stages and with a weighted split. The check states the
-//! dtype's bound and passes: the logits stay within it of one process and
-//! the greedy tokens agree (or part only at a near-tie of one process).
+//! stored: the experts stay quantized; gpt-oss's in MXFP4) and GGUF
+//! K-quants made by llama.cpp (Q4_K_M; Mixtral and DeepSeek-V3 GGUFs with
+//! stacked experts, gpt-oss with MXFP4 experts; a Phi-4-mini GGUF), and
+//! DeepSeek's FP8 release layout, in both expert placements, as pipeline
+//! stages and with a weighted split. The check states the dtype's bound
+//! and passes: the logits stay within it of one process and the greedy
+//! tokens agree (or part only at a near-tie of one process).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -146,12 +147,13 @@ fn generate_check_on_llama_cpp_moe_files_passes_split_every_way() {
     let cases = [
         (
             "moe-mixtral-Q4_K_M.gguf",
-            "4-bit affine (groups of 32) experts of 1 layers",
+            "4-bit affine (groups of 32) experts of 2 layers",
         ),
         (
             "moe-deepseek2-Q8_0.gguf",
             "8-bit affine (groups of 32) experts of 1 layers",
         ),
+        ("gpt-oss-MXFP4_MOE.gguf", "MXFP4 experts of 2 layers"),
     ];
     for (name, kept) in cases {
         for (ranks, experts) in [("2", "tensor-parallel"), ("4", "parallel")] {

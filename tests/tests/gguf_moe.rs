@@ -28,7 +28,7 @@ fn file(name: &str) -> PathBuf {
 }
 
 /// The files, and what their load says about the experts.
-const CASES: [(&str, &str); 6] = [
+const CASES: [(&str, &str); 7] = [
     (
         "moe-deepseek2-Q8_0",
         "keeping the 8-bit affine (groups of 32) experts of 1 layers as stored (MLX's affine quantized matmuls)",
@@ -45,6 +45,12 @@ const CASES: [(&str, &str); 6] = [
     ("moe-qwen3moe-Q4_K_M", MIXED),
     ("moe-qwen2moe-Q4_K_M", MIXED),
     ("moe-mixtral-Q4_K_M", MIXED),
+    // gpt-oss quantized by llama.cpp with MXFP4_MOE: its experts MXFP4
+    // (type 39), attention Q8_0.
+    (
+        "gpt-oss-MXFP4_MOE",
+        "keeping the MXFP4 experts of 2 layers as stored (MLX's mxfp4 quantized matmuls)",
+    ),
 ];
 
 /// llama.cpp's Q4_K_M keeps layer 1's `down` experts in Q6_K: held as

@@ -205,7 +205,7 @@ impl GgufFile {
         })
     }
 
-    fn read_at(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+    pub(super) fn read_at(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
         let mut bytes = vec![0u8; len as usize];
         self.file
             .read_exact_at(&mut bytes, self.data_start + start)

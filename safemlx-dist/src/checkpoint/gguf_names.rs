@@ -13,7 +13,7 @@ pub(super) fn gguf_name(name: &str) -> Option<String> {
         ("model.norm.weight", "output_norm.weight"),
         ("lm_head.weight", "output.weight"),
     ];
-    const LAYER: [(&str, &str); 32] = [
+    const LAYER: [(&str, &str); 36] = [
         ("input_layernorm", "attn_norm"),
         ("post_attention_layernorm", "ffn_norm"),
         ("self_attn.q_proj", "attn_q"),
@@ -53,6 +53,12 @@ pub(super) fn gguf_name(name: &str) -> Option<String> {
         // Phi-3's fused q/k/v and gate/up (gate rows first).
         ("self_attn.qkv_proj", "attn_qkv"),
         ("mlp.gate_up_proj", "ffn_up"),
+        // gpt-oss's router and its experts under mlx-lm's names (with
+        // biases: `ffn_gate_exps.bias`).
+        ("mlp.router", "ffn_gate_inp"),
+        ("mlp.experts.gate_proj", "ffn_gate_exps"),
+        ("mlp.experts.up_proj", "ffn_up_exps"),
+        ("mlp.experts.down_proj", "ffn_down_exps"),
     ];
     if let Some((_, g)) = TOP.iter().find(|(h, _)| *h == name) {
         return Some((*g).to_owned());
@@ -62,6 +68,9 @@ pub(super) fn gguf_name(name: &str) -> Option<String> {
     layer.parse::<usize>().ok()?;
     if rest == "mlp.gate.e_score_correction_bias" {
         return Some(format!("blk.{layer}.exp_probs_b.bias"));
+    }
+    if rest == "self_attn.sinks" {
+        return Some(format!("blk.{layer}.attn_sinks.weight"));
     }
     let (module, suffix) = rest.rsplit_once('.')?;
     let (_, g) = LAYER.iter().find(|(h, _)| *h == module)?;

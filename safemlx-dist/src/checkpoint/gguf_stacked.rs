@@ -44,7 +44,8 @@ impl GgufFile {
 
     /// Ranges `(first, count)` along `axis` of the 3-D tensor `name` of a
     /// type that stays quantized, kept quantized: its packed values, scales
-    /// and biases (MLX affine, groups of 32), concatenated along `axis`.
+    /// and biases (MLX affine, groups of 32; MXFP4 as MLX's `mxfp4`, see
+    /// `gguf_mxfp4.rs`), concatenated along `axis`.
     /// Ranges along the last axis are in values and must be whole groups.
     ///
     /// # Errors
@@ -57,6 +58,9 @@ impl GgufFile {
         ranges: &[(usize, usize)],
         s: &Stream,
     ) -> Result<super::PackedParts> {
+        if self.tensor(name)?.kind == super::GgmlType::MXFP4 {
+            return self.read_mxfp4_stacked(name, axis, ranges, s);
+        }
         let shape = self.stacked_shape(name, axis)?;
         let [e, r, _] = shape.map(|d| d as usize);
         let (weight, lead) = if axis == 2 {
@@ -95,7 +99,7 @@ impl GgufFile {
     }
 
     /// The shape of the 3-D tensor `name`, checking it has `axis`.
-    fn stacked_shape(&self, name: &str, axis: usize) -> Result<[i32; 3]> {
+    pub(super) fn stacked_shape(&self, name: &str, axis: usize) -> Result<[i32; 3]> {
         let t = self.tensor(name)?;
         match <[i32; 3]>::try_from(t.shape.as_slice()) {
             Ok(shape) if axis < 3 => Ok(shape),
@@ -108,7 +112,7 @@ impl GgufFile {
 
     /// The rows of the stack `[e, r, ..]` flattened to `e * r` rows that
     /// hold `ranges` along `axis` (0: whole experts; 1: rows of each).
-    fn flat_rows(
+    pub(super) fn flat_rows(
         &self,
         name: &str,
         [e, r]: [usize; 2],

@@ -142,12 +142,14 @@ impl GgufWeights {
     /// One line on the matrices (and stacks of experts) a quantized load
     /// reads as `float32`:
     /// those whose type has no MLX affine form (Q2_K, Q3_K and Q6_K's
-    /// 16-value sub-blocks, MXFP4's power-of-two scales); `None` when
-    /// every quantized tensor stays quantized.
+    /// 16-value sub-blocks, MXFP4's power-of-two scales outside stacks of
+    /// experts, which stay MXFP4); `None` when every quantized tensor
+    /// stays quantized.
     pub fn dequantized_note(&self) -> Option<String> {
         let mut by_type = std::collections::BTreeMap::<String, (usize, &str)>::new();
         for (name, t) in self.file.tensors() {
-            if t.shape.len() >= 2 && t.kind.block().0 > 1 && t.kind.affine_bits().is_none() {
+            let packed = TensorSource::quantization(&self.file, name).is_some();
+            if t.shape.len() >= 2 && t.kind.block().0 > 1 && !packed {
                 by_type
                     .entry(format!("{:?}", t.kind))
                     .or_insert((0, name))
@@ -350,6 +352,10 @@ impl TensorSource for GgufFile {
     }
     fn quantization(&self, name: &str) -> Option<PackedFormat> {
         let t = self.tensor(name).ok()?;
+        // MXFP4 stays packed in stacks of experts (llama.cpp's only use).
+        if t.kind == super::GgmlType::MXFP4 && t.shape.len() == 3 {
+            return Some(PackedFormat::MXFP4);
+        }
         let bits = t.kind.affine_bits()?;
         (t.shape.len() >= 2).then_some(PackedFormat::affine(32, bits))
     }

@@ -36,6 +36,7 @@ mod fp8;
 mod ggml;
 mod gguf;
 mod gguf_header;
+mod gguf_mxfp4;
 mod gguf_names;
 mod gguf_stacked;
 mod gguf_weights;

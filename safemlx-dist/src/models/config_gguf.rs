@@ -8,8 +8,8 @@ use crate::nn::Gating;
 
 impl LlamaConfig {
     /// Reads a GGUF file's metadata (`general.architecture` `llama`,
-    /// `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, or `deepseek2`, `glm4moe`
-    /// and `phi3`, whose metadata is read as their `config.json`; llama.cpp stores
+    /// `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, or `deepseek2`, `glm4moe`,
+    /// `phi3` and `gpt-oss`, whose metadata is read as their `config.json`; llama.cpp stores
     /// Mistral as `llama`, and Mixtral as `llama` with `expert_count`).
     /// Tied embeddings are a file without `output.weight`; Llama 3's RoPE
     /// scaling is the `rope_freqs.weight` tensor.
@@ -34,6 +34,7 @@ impl LlamaConfig {
             }
             "glm4moe" => return Self::from_hf(&super::glm4_moe::config_from_gguf(&keys)?, &path),
             "phi3" => return Self::from_hf(&super::phi3::config_from_gguf(&keys, s)?, &path),
+            "gpt-oss" => return Self::from_hf(&super::gpt_oss::config_from_gguf(&keys)?, &path),
             _ => {}
         }
         let family = match arch {
@@ -44,7 +45,7 @@ impl LlamaConfig {
             "qwen3moe" => Family::Qwen3Moe,
             other => {
                 return Err(fail(format!(
-                    "general.architecture is \"{other}\", which is not a model read here; supported: llama (and Mistral, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, glm4moe, phi3"
+                    "general.architecture is \"{other}\", which is not a model read here; supported: llama (and Mistral, Mixtral), qwen2, qwen3, qwen2moe, qwen3moe, deepseek2, glm4moe, phi3, gpt-oss"
                 )))
             }
         };
@@ -202,6 +203,7 @@ impl LlamaConfig {
     pub fn gguf_renames(&self) -> &'static [(&'static str, &'static str)] {
         match self.family {
             Family::Glm4Moe => super::glm4_moe::GGUF_RENAMES,
+            Family::GptOss => super::gpt_oss::GGUF_RENAMES,
             _ => &[],
         }
     }

@@ -26,7 +26,10 @@
 //! `experts.gate_proj` / `up_proj` / `down_proj`, MXFP4 in MLX's `mxfp4`
 //! mode or affine, the other layers affine by per-module entries).
 
+use serde_json::Value;
+
 use super::config::{ExpertLayout, MoeSettings};
+use super::config_gguf_keys::GgufKeys;
 use super::config_keys::Keys;
 use crate::error::Result;
 use crate::nn::{ExpertActivation, InterleavedNames};
@@ -66,6 +69,76 @@ pub(super) fn moe_settings(keys: &Keys) -> Result<MoeSettings> {
         },
         ..MoeSettings::top_k_softmax(dims, "mlp.", ExpertLayout::Interleaved(EXPERTS))
     })
+}
+
+/// llama.cpp's names in a `gpt-oss` GGUF that differ from the other
+/// architectures': the norm before the MLP.
+pub(super) const GGUF_RENAMES: &[(&str, &str)] = &[("ffn_norm", "post_attention_norm")];
+
+/// A `gpt-oss` GGUF's metadata (llama.cpp's converter's names) as the
+/// `config.json` of the same model, which
+/// [`LlamaConfig::from_hf`](super::LlamaConfig::from_hf) reads: the head
+/// width `key_length`, the experts `expert_count`, `expert_used_count`
+/// and `expert_feed_forward_length`, `sliding_window`, YaRN from
+/// `rope.scaling.*` (llama.cpp's converter writes no other scaling for
+/// gpt-oss); sliding and full layers alternate from layer 0, as llama.cpp
+/// runs them, and the SwiGLU limit is gpt-oss's 7 (neither is in the
+/// metadata).
+///
+/// # Errors
+/// A missing or ill-typed key, or a RoPE scaling other than YaRN (named).
+pub(super) fn config_from_gguf(g: &GgufKeys) -> Result<Value> {
+    let mut c = g.hf_base("gpt_oss")?;
+    let heads = g.need("attention.head_count")?;
+    let head_dim = match g.int("attention.key_length")? {
+        Some(d) => d,
+        None => g.need("embedding_length")? / heads,
+    };
+    let has = |t: &str| g.file.tensors().contains_key(t);
+    let mut put = |k: &str, v: Value| {
+        c.insert(k.into(), v);
+    };
+    put("head_dim", head_dim.into());
+    let kv = g.int("attention.head_count_kv")?.unwrap_or(heads);
+    put("num_key_value_heads", kv.into());
+    put("num_local_experts", g.need("expert_count")?.into());
+    put("num_experts_per_tok", g.need("expert_used_count")?.into());
+    if let Some(h) = g.int("expert_feed_forward_length")? {
+        put("intermediate_size", h.into());
+    }
+    if let Some(w) = g.int("attention.sliding_window")? {
+        put("sliding_window", w.into());
+    }
+    put("attention_bias", has("blk.0.attn_q.bias").into());
+    match g.text("rope.scaling.type") {
+        None | Some("none") => {}
+        Some("yarn") => {
+            let factor = g.float("rope.scaling.factor")?.ok_or_else(|| {
+                g.fail(format!(
+                    "has YaRN scaling but no {}",
+                    g.key("rope.scaling.factor")
+                ))
+            })?;
+            let original = g.need("rope.scaling.original_context_length")?;
+            put(
+                "rope_scaling",
+                serde_json::json!({
+                    "rope_type": "yarn",
+                    "factor": factor,
+                    "original_max_position_embeddings": original,
+                    "beta_fast": g.float("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                    "beta_slow": g.float("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                }),
+            );
+        }
+        Some(other) => {
+            return Err(g.fail(format!(
+                "{} is \"{other}\"; supported: none, yarn",
+                g.key("rope.scaling.type")
+            )))
+        }
+    }
+    Ok(Value::Object(c))
 }
 
 /// Whether each layer slides when `config.json` has no `layer_types`:
