@@ -69,3 +69,6 @@ pub struct Readme;
 
 #[doc = include_str!("../book/src/quantized.md")]
 pub struct Quantized;
+
+#[doc = include_str!("../book/src/quantized-moe.md")]
+pub struct QuantizedMoe;

@@ -46,7 +46,7 @@ impl PackedFormat {
             ("affine", ..) => Ok(Self::affine(group_size, bits)),
             ("mxfp4", 32, 4) => Ok(Self::MXFP4),
             _ => Err(format!(
-                "mode `{mode}` ({bits} bits in groups of {group_size}); read here: `affine`, and `mxfp4` (4 bits in groups of 32) for stacked experts"
+                "mode `{mode}` ({bits} bits in groups of {group_size}); read here: `affine`, and `mxfp4` (4 bits in groups of 32)"
             )),
         }
     }

@@ -82,15 +82,18 @@ CASES = {
                          4, 32, 13),
 }
 
-# gpt-oss converted from OpenAI's layout: (quantize the rest?, bits, group).
+# gpt-oss converted from OpenAI's layout: (quantize the rest?, bits,
+# group, mode); "gpt-oss-all-mxfp4" puts every layer in MLX's mxfp4 mode
+# (`mlx_lm.convert -q --q-mode mxfp4`).
 GPT_OSS_CASES = {
-    "gpt-oss-mxfp4": (False, None, None),
-    "gpt-oss-mxfp4-q4": (True, 4, 32),
+    "gpt-oss-mxfp4": (False, None, None, None),
+    "gpt-oss-mxfp4-q4": (True, 4, 32, "affine"),
+    "gpt-oss-all-mxfp4": (True, None, None, "mxfp4"),
 }
 
-# Every layer in one of MLX's other modes (`mlx_lm.convert -q --q-mode`):
-# directories this crate refuses by name, so no logits.
-REFUSED_MODES = {"gpt-oss-all-mxfp4": "mxfp4", "gpt-oss-all-nvfp4": "nvfp4"}
+# Every layer in one of MLX's other modes: a directory this crate refuses
+# by name, so no logits.
+REFUSED_MODES = {"gpt-oss-all-nvfp4": "nvfp4"}
 
 
 def save_golden(path, prompt):
@@ -104,13 +107,13 @@ def save_golden(path, prompt):
 
 def convert_gpt_oss(prompt):
     source = Path(__file__).parent / "moe" / "gpt-oss"
-    for case, (quantize, bits, group) in sorted(GPT_OSS_CASES.items()):
+    for case, (quantize, bits, group, mode) in sorted(GPT_OSS_CASES.items()):
         path = OUT / case
         if path.exists():
             shutil.rmtree(path)
         if quantize:
             convert(str(source), str(path), quantize=True, q_bits=bits,
-                    q_group_size=group)
+                    q_group_size=group, q_mode=mode)
         else:
             convert(str(source), str(path))
         (path / "README.md").unlink(missing_ok=True)

@@ -50,7 +50,7 @@ struct Case {
 /// gpt-oss's 96 three MXFP4 blocks of 32 (mlx-lm's de-interleaved
 /// experts with biases; float attention, or affine 4-bit by per-module
 /// entries beside the top-level `mxfp4` mode, the router at 8 bits).
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case {
         name: "qwen3-moe-4bit",
         bits: 4,
@@ -96,6 +96,16 @@ const CASES: [Case; 5] = [
         slack: 2.0,
         // Heads 16 wide, groups of 32: 4 ranks would cut a group.
         max_ranks: 2,
+    },
+    // Every layer in MLX's mxfp4 mode: the dense ones read as floats.
+    Case {
+        name: "gpt-oss-all-mxfp4",
+        bits: 4,
+        label: "MXFP4",
+        hidden_groups: 3,
+        moe_layers: 3,
+        slack: 3.0,
+        max_ranks: 4,
     },
 ];
 
@@ -159,8 +169,9 @@ fn load_and_check(group: &Group, c: &Case, split: Option<Vec<u32>>) {
         let tp = experts == ExpertPlacement::ExpertTensorParallel;
         let kept = !tp || groups >= n;
         // gpt-oss-mxfp4's attention is float (as mlx-lm converts OpenAI's
-        // release): nothing is packed once its experts are dequantized.
-        let floats_only = !kept && case == "gpt-oss-mxfp4";
+        // release), gpt-oss-all-mxfp4's read as floats: nothing is packed
+        // once their experts are dequantized.
+        let floats_only = !kept && ["gpt-oss-mxfp4", "gpt-oss-all-mxfp4"].contains(&case);
         assert_eq!(model.is_quantized(), !floats_only, "{what}");
         let (label, layers) = (c.label, c.moe_layers);
         let mode = if label == "MXFP4" { "mxfp4" } else { "affine" };
@@ -186,9 +197,13 @@ fn load_and_check(group: &Group, c: &Case, split: Option<Vec<u32>>) {
             let read = placed.loaded.weights.bytes_read();
             // Expert tensor parallel: the experts (most of the bytes) by
             // whole groups, 3 over 2 ranks 2 + 1 (evenly and at 3:1).
+            // Expert parallel: its experts (6 over 4 ranks are 2 + 2 + 1 + 1).
+            let experts = model.config().moe.as_ref().map_or(1, |m| m.experts);
+            let mine = model.held_experts().map_or(1, |h| h.1) as f64 / experts as f64;
             let held = match (tp, n, groups) {
                 (true, 2, 3) => [2.0, 1.0][rank] / 3.0,
                 (true, 2, 1) => 1.0,
+                (false, ..) => mine,
                 _ => share,
             };
             let slack = if kept { 0.1 } else { 0.25 };
@@ -223,29 +238,27 @@ fn a_weighted_split_keeps_whole_groups() {
         .unwrap();
 }
 
-/// Directories `mlx_lm.convert -q --q-mode` writes in MLX's other modes:
-/// refused before native code, naming the first tensor, its mode and what
-/// is read (MXFP4 only for stacked experts, as mlx-lm converts gpt-oss).
+/// A directory `mlx_lm.convert -q --q-mode nvfp4` writes: refused before
+/// native code, naming the first tensor, its mode and what is read.
 #[test]
 fn other_quantization_modes_are_refused_by_name() {
     let s = cpu();
-    let embed = "tensor `model.embed_tokens.weight` is quantized in";
-    for (case, want) in [
-        ("gpt-oss-all-mxfp4", format!("{embed} mode `mxfp4`, which is read only for stacked experts (gpt-oss's); this layer reads `affine` weights (quantize it with mlx_lm.convert -q, whose default mode is affine)")),
-        ("gpt-oss-all-nvfp4", format!("{embed} mode `nvfp4` (4 bits in groups of 16); read here: `affine`, and `mxfp4` (4 bits in groups of 32) for stacked experts")),
-    ] {
-        let dir = golden_dir(case);
-        let options = LoadOptions {
-            weights: Storage::AsStored,
-            ..LoadOptions::default()
-        };
-        let got = load_layout(&Group::local(), &dir, options, &Layout::default(), &s)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        let want = format!("checkpoint {}: {want}", dir.display());
-        assert_eq!(got, want, "{case}");
-    }
+    let dir = golden_dir("gpt-oss-all-nvfp4");
+    let options = LoadOptions {
+        weights: Storage::AsStored,
+        ..LoadOptions::default()
+    };
+    let got = load_layout(&Group::local(), &dir, options, &Layout::default(), &s)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        got,
+        format!(
+            "checkpoint {}: tensor `model.embed_tokens.weight` is quantized in mode `nvfp4` (4 bits in groups of 16); read here: `affine`, and `mxfp4` (4 bits in groups of 32)",
+            dir.display()
+        )
+    );
 }
 
 /// `--weights float` (every tensor dequantized as it is read) of mlx-lm's

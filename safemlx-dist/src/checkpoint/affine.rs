@@ -128,8 +128,13 @@ macro_rules! affine_tensor_source {
                 if let Some(read) = self.floats_along(name, 0, ranges, s) {
                     return read;
                 }
-                if self.affine(name).is_none() {
-                    return self.stored_rows(name, ranges, s);
+                match self.affine(name) {
+                    None => return self.stored_rows(name, ranges, s),
+                    Some(a) if a.is_in_another_mode(self)? => {
+                        let source: &dyn $crate::checkpoint::TensorSource = self;
+                        return $crate::checkpoint::affine::floats_of(source, &a, 0, ranges, s);
+                    }
+                    Some(_) => {}
                 }
                 self.affine_to_read(name)?
                     .affine_only(self)?
@@ -145,8 +150,13 @@ macro_rules! affine_tensor_source {
                 if let Some(read) = self.floats_along(name, 1, ranges, s) {
                     return read;
                 }
-                if self.affine(name).is_none() {
-                    return self.stored_columns(name, ranges, s);
+                match self.affine(name) {
+                    None => return self.stored_columns(name, ranges, s),
+                    Some(a) if a.is_in_another_mode(self)? => {
+                        let source: &dyn $crate::checkpoint::TensorSource = self;
+                        return $crate::checkpoint::affine::floats_of(source, &a, 1, ranges, s);
+                    }
+                    Some(_) => {}
                 }
                 self.affine_to_read(name)?
                     .affine_only(self)?
@@ -165,8 +175,8 @@ macro_rules! affine_tensor_source {
                 }
                 match (self.affine(name), axis) {
                     (None, _) => self.stored_along(name, axis, ranges, s),
-                    (Some(a), _) if a.is_stacked_in_another_mode(self)? => {
-                        $crate::checkpoint::affine::stacked_floats(source, &a, axis, ranges, s)
+                    (Some(a), _) if a.is_in_another_mode(self)? => {
+                        $crate::checkpoint::affine::floats_of(source, &a, axis, ranges, s)
                     }
                     (Some(_), 0) => source.read_rows(name, ranges, s),
                     (Some(_), _) => source.read_columns(name, ranges, s),
@@ -176,7 +186,12 @@ macro_rules! affine_tensor_source {
                 self.stored_bytes_read()
             }
             fn quantization(&self, name: &str) -> Option<$crate::packing::PackedFormat> {
-                self.affine(name)?.format().ok()
+                // Another mode stays packed only in stacks of experts;
+                // dense layers read it as floats.
+                let affine = self.affine(name)?;
+                let format = affine.format().ok()?;
+                let stacked = self.stored_shape(&affine.scales).ok()?.len() > 2;
+                (format.mode == safemlx::ops::QuantizationMode::Affine || stacked).then_some(format)
             }
             fn stored_dtype(&self, name: &str) -> Option<safemlx::Dtype> {
                 if self.reads_as_floats(name) {
@@ -221,13 +236,14 @@ macro_rules! affine_tensor_source {
 }
 pub(super) use affine_tensor_source;
 
-/// Ranges along `axis` of the stacked packed weight `a` in a mode other
-/// than affine (gpt-oss's MXFP4 experts) as floats, side by side: what a
-/// float read of it (`--weights float`, a dequantized fallback) gets.
+/// Ranges along `axis` of the packed weight `a` in a mode other than
+/// affine (gpt-oss's MXFP4 experts; a dense layer of an all-MXFP4
+/// directory) as floats, side by side: what a float read of it gets (a
+/// dense layer, `--weights float`, a dequantized fallback).
 ///
 /// # Errors
 /// A range past its end, or a failed read.
-pub(super) fn stacked_floats(
+pub(super) fn floats_of(
     source: &dyn super::TensorSource,
     a: &Affine,
     axis: usize,
@@ -280,7 +296,7 @@ impl Affine {
             Ok(f) if f.mode == QuantizationMode::Affine && self.biases.is_some() => return Ok(self),
             Ok(f) if f.mode == QuantizationMode::Affine => return Err(self.affine_only_error(source)),
             Ok(_) => format!(
-                "is quantized in mode `{}`, which is read only for stacked experts (gpt-oss's); this layer reads `affine` weights (quantize it with mlx_lm.convert -q, whose default mode is affine)",
+                "is quantized in mode `{}`, which a layer reads as floats or, in stacks of experts, packed; a quantized read takes `affine`",
                 self.mode
             ),
             Err(why) => format!("is quantized in {why}"),
@@ -291,15 +307,13 @@ impl Affine {
         })
     }
 
-    /// Whether it is a stacked weight (`[E, out, in]`) packed in a mode
-    /// other than affine (read as floats through its packed parts).
+    /// Whether it is packed in a mode other than affine (read as floats
+    /// through its packed parts: [`floats_of`]).
     ///
     /// # Errors
     /// A mode not read here, named.
-    pub fn is_stacked_in_another_mode(&self, source: &dyn Stored) -> Result<bool> {
-        let format = self.packed_only(source)?;
-        let stacked = source.stored_shape(&self.scales)?.len() > 2;
-        Ok(stacked && format.mode != QuantizationMode::Affine)
+    pub fn is_in_another_mode(&self, source: &dyn Stored) -> Result<bool> {
+        Ok(self.packed_only(source)?.mode != QuantizationMode::Affine)
     }
 
     /// Itself, for a read of its packed parts: an error naming the

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use safemlx::ops::QuantizationMode;
 use safemlx::{Array, Stream};
 use serde_json::Value;
 
@@ -130,6 +131,27 @@ impl HfDirectory {
     /// The tensors' names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
+    }
+
+    /// One line on the dense weights a quantized load reads as `float32`:
+    /// those packed in a mode other than affine (an all-MXFP4 directory's
+    /// attention, embedding and head; its stacks of experts stay packed);
+    /// `None` when there are none.
+    pub fn dequantized_note(&self) -> Option<String> {
+        let dense: Vec<(&str, String)> = self
+            .names()
+            .filter_map(|name| {
+                let a = self.affine(name)?;
+                let format = a.format().ok()?;
+                let two_d = self.stored_shape(&a.scales).ok()?.len() == 2;
+                (two_d && format.mode != QuantizationMode::Affine).then_some((name, a.mode))
+            })
+            .collect();
+        let (first, mode) = dense.first()?;
+        Some(format!(
+            "dequantizing {} {mode} tensors (e.g. `{first}`) to float32 as they are read: dense layers hold affine weights only (stacks of experts stay {mode})",
+            dense.len()
+        ))
     }
 
     fn file(&self, name: &str) -> Result<&SafetensorsFile> {

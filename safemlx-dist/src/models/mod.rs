@@ -189,6 +189,11 @@ fn load_part(
             moe.placement = options.experts;
         }
         llama::check_layers(&dir, &config)?;
+        let keeps = options.weights.keeps_quantized(&config);
+        let note = dir.dequantized_note().filter(|_| keeps);
+        if let Some(note) = note.filter(|_| group.rank() == 0) {
+            eprintln!("model {}: {note}", path.display());
+        }
         let model = load(&dir, config)?;
         llama::load_notes(group, &dir, &model);
         (model, Box::new(dir), tokenizer)
