@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 
 from make_gguf_deepseek_goldens import LAYER as DEEPSEEK_LAYER, TOP
-from make_gguf_moe_goldens import check_and_quantize
+from make_gguf_moe_goldens import write_and_check
 from make_kquant_goldens import vocabulary
 
 D, HEADS, KV, HD, DENSE, HIDDEN, E = 256, 4, 2, 64, 512, 256, 4
@@ -85,9 +85,8 @@ def float_tensors():
     return t
 
 
-def write(path, tensors):
+def metadata(w):
     c = CONFIG
-    w = gguf.GGUFWriter(path, "glm4moe")
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(D)
@@ -112,21 +111,11 @@ def write(path, tensors):
     w.add_expert_weights_norm(c["norm_topk_prob"])
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_nextn_predict_layers(0)
-    for name, t in sorted(tensors.items()):
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
-    tensors = float_tensors()
-    by_gguf = {gguf_name(n): n for n in tensors}
-    check_and_quantize("moe-glm4moe-Q4_K_M", CONFIG, lambda path: write(path, tensors),
-                       tensors, 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-                       lambda values: {by_gguf[n]: v.reshape(tensors[by_gguf[n]].shape)
-                                       for n, v in values.items()})
+    write_and_check("moe-glm4moe-Q4_K_M", "glm4moe", CONFIG, float_tensors(), gguf_name, metadata,
+                    15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ its experts quantized by llama.cpp to MXFP4.
 import gguf
 import numpy as np
 
-from make_gguf_moe_goldens import check_and_quantize
+from make_gguf_moe_goldens import write_and_check
 from make_kquant_goldens import vocabulary
 
 D, HEADS, KV, HD, HIDDEN, E, LAYERS = 128, 4, 2, 32, 128, 4, 2
@@ -88,9 +88,8 @@ def float_tensors():
     return t
 
 
-def write(path, tensors):
+def metadata(w):
     c = CONFIG
-    w = gguf.GGUFWriter(path, "gpt-oss")
     w.add_block_count(LAYERS)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(D)
@@ -112,21 +111,11 @@ def write(path, tensors):
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
     w.add_rope_scaling_orig_ctx_len(c["rope_scaling"]["original_max_position_embeddings"])
-    for name, t in sorted(tensors.items()):
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
-    tensors = float_tensors()
-    by_gguf = {gguf_name(n): n for n in tensors}
-    check_and_quantize("gpt-oss-MXFP4_MOE", CONFIG, lambda path: write(path, tensors),
-                       tensors, 38,  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
-                       lambda values: {by_gguf[n]: v.reshape(tensors[by_gguf[n]].shape)
-                                       for n, v in values.items()})
+    write_and_check("gpt-oss-MXFP4_MOE", "gpt-oss", CONFIG, float_tensors(), gguf_name, metadata,
+                    38)  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
 
 
 if __name__ == "__main__":

@@ -154,6 +154,26 @@ def check_and_quantize(stem, config, write_f32, tensors, ftype, restore):
               f"llama.cpp F32 vs mlx-lm {gap:.1e}")
 
 
+def write_and_check(stem, arch, config, tensors, gguf_name, metadata, ftype):
+    """check_and_quantize of the float model `tensors` written as F32
+    under `gguf_name`'s names for architecture `arch`, `metadata(w)`
+    adding its keys (and any tensor of its own) first."""
+    def write(path):
+        w = gguf.GGUFWriter(path, arch)
+        metadata(w)
+        for name, t in sorted(tensors.items()):
+            w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    by_gguf = {gguf_name(n): n for n in tensors}
+    check_and_quantize(stem, config, write, tensors, ftype,
+                       lambda values: {by_gguf[n]: v.reshape(tensors[by_gguf[n]].shape)
+                                       for n, v in values.items() if n in by_gguf})
+
+
 def dequantized(path, arch, config, names):
     """Every tensor of the GGUF at `path` as floats under `names`' names."""
     by_gguf = {gguf_name(n): n for n in names}

@@ -23,7 +23,7 @@ import math
 import gguf
 import numpy as np
 
-from make_gguf_moe_goldens import check_and_quantize
+from make_gguf_moe_goldens import write_and_check
 from make_kquant_goldens import vocabulary
 
 D, HEADS, KV, FF, LAYERS = 256, 4, 2, 256, 2
@@ -71,9 +71,8 @@ def float_tensors():
     return t
 
 
-def write(path, tensors):
+def metadata(w):
     c = CONFIG
-    w = gguf.GGUFWriter(path, "phi3")
     w.add_context_length(c["max_position_embeddings"])
     w.add_rope_scaling_orig_ctx_len(c["original_max_position_embeddings"])
     w.add_embedding_length(D)
@@ -95,21 +94,11 @@ def write(path, tensors):
     w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
     w.add_tensor("rope_factors_long.weight", np.array(FACTORS, dtype=np.float32))
     w.add_tensor("rope_factors_short.weight", np.array(FACTORS, dtype=np.float32))
-    for name, t in sorted(tensors.items()):
-        w.add_tensor(gguf_name(name), np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
-    tensors = float_tensors()
-    by_gguf = {gguf_name(n): n for n in tensors}
-    check_and_quantize("phi4-mini-Q4_K_M", CONFIG, lambda path: write(path, tensors),
-                       tensors, 15,  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-                       lambda values: {by_gguf[n]: v.reshape(tensors[by_gguf[n]].shape)
-                                       for n, v in values.items() if n in by_gguf})
+    write_and_check("phi4-mini-Q4_K_M", "phi3", CONFIG, float_tensors(), gguf_name, metadata,
+                    15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 if __name__ == "__main__":
