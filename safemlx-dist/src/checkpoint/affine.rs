@@ -3,8 +3,9 @@
 //! mlx-community directories (`stem.weight`, `stem.scales`,
 //! `stem.biases`; gpt-oss's stacked experts in `mxfp4` mode without
 //! biases) and of quantized fields written by [`save`](super::save)
-//! (`name`, `name.scales`, `name.biases`). Dense layers read affine
-//! weights only; a weight in another mode is refused by name.
+//! (`name`, `name.scales`, `name.biases`). Affine weights stay quantized;
+//! MXFP4 ones stay packed in stacks of experts and are read as floats
+//! elsewhere; a mode not read here is refused by name.
 
 use std::path::Path;
 
@@ -132,7 +133,13 @@ macro_rules! affine_tensor_source {
                     None => return self.stored_rows(name, ranges, s),
                     Some(a) if a.is_in_another_mode(self)? => {
                         let source: &dyn $crate::checkpoint::TensorSource = self;
-                        return $crate::checkpoint::affine::floats_of(source, &a, 0, ranges, s);
+                        return $crate::checkpoint::affine::floats_of(
+                            source,
+                            &a,
+                            self,
+                            (0, ranges),
+                            s,
+                        );
                     }
                     Some(_) => {}
                 }
@@ -154,7 +161,13 @@ macro_rules! affine_tensor_source {
                     None => return self.stored_columns(name, ranges, s),
                     Some(a) if a.is_in_another_mode(self)? => {
                         let source: &dyn $crate::checkpoint::TensorSource = self;
-                        return $crate::checkpoint::affine::floats_of(source, &a, 1, ranges, s);
+                        return $crate::checkpoint::affine::floats_of(
+                            source,
+                            &a,
+                            self,
+                            (1, ranges),
+                            s,
+                        );
                     }
                     Some(_) => {}
                 }
@@ -176,7 +189,7 @@ macro_rules! affine_tensor_source {
                 match (self.affine(name), axis) {
                     (None, _) => self.stored_along(name, axis, ranges, s),
                     (Some(a), _) if a.is_in_another_mode(self)? => {
-                        $crate::checkpoint::affine::floats_of(source, &a, axis, ranges, s)
+                        $crate::checkpoint::affine::floats_of(source, &a, self, (axis, ranges), s)
                     }
                     (Some(_), 0) => source.read_rows(name, ranges, s),
                     (Some(_), _) => source.read_columns(name, ranges, s),
@@ -246,15 +259,12 @@ pub(super) use affine_tensor_source;
 pub(super) fn floats_of(
     source: &dyn super::TensorSource,
     a: &Affine,
-    axis: usize,
-    ranges: &[(usize, usize)],
+    stored: &dyn Stored,
+    (axis, ranges): (usize, &[(usize, usize)]),
     s: &Stream,
 ) -> Result<Array> {
     let last = source.shape(&a.weight)?.len() == axis + 1;
-    let format = a.format().map_err(|why| Error::Checkpoint {
-        path: source.path().display().to_string(),
-        message: format!("tensor `{}` is quantized in {why}", a.weight),
-    })?;
+    let format = a.packed_only(stored)?;
     let parts = ranges
         .iter()
         .map(|&r| super::stacked::dequantized_along(source, &a.weight, (format, last), axis, r, s))

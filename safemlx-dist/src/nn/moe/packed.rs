@@ -52,8 +52,8 @@ pub(super) fn keep(
     ))
 }
 
-/// [`keep`], when MLX also multiplies `format` on `s`'s device (MXFP4 is
-/// tried once: [`supported`]).
+/// [`keep`], when MLX also multiplies `format` on `s`'s device (for
+/// MXFP4, one small product is tried: [`supported`]).
 pub(super) fn keep_on(
     s: &Stream,
     placement: super::ExpertPlacement,
