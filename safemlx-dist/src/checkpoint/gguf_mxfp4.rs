@@ -7,7 +7,7 @@
 //! byte (MLX's `2^(e - 127)`; llama.cpp's table of doubled values times
 //! `2^(e - 128)` is the same number), so only the nibbles move.
 
-use safemlx::{Array, Stream};
+use safemlx::Array;
 
 use super::{GgufFile, PackedParts};
 use crate::error::Result;
@@ -30,9 +30,7 @@ impl GgufFile {
         name: &str,
         axis: usize,
         ranges: &[(usize, usize)],
-        s: &Stream,
     ) -> Result<PackedParts> {
-        let _ = s;
         let t = self.tensor(name)?;
         let shape = self.stacked_shape(name, axis)?;
         let [e, r, c] = shape.map(|d| d as usize);
@@ -41,11 +39,11 @@ impl GgufFile {
         let picked: usize = ranges.iter().map(|r| r.1).sum();
         // (first row, rows, first block, blocks) pieces, in output order.
         let (pieces, out): (Vec<_>, [usize; 3]) = if axis == 2 {
-            if let Some(&(first, count)) = ranges.iter().find(|(f, n)| f % per != 0 || n % per != 0)
-            {
+            let bad = |&&(f, n): &&(usize, usize)| f % per != 0 || n % per != 0 || f + n > c;
+            if let Some(&(first, count)) = ranges.iter().find(bad) {
                 return Err(self.error(format!(
-                    "tensor `{name}` holds MXFP4 blocks of {per} values; columns {first}..{} cut a block",
-                    first + count
+                    "tensor `{name}` holds {c} columns in MXFP4 blocks of {per}; columns {first}..{} were asked for (whole blocks only)",
+                    first.saturating_add(count)
                 )));
             }
             let pieces = (0..e * r)
@@ -65,14 +63,10 @@ impl GgufFile {
             Vec::with_capacity(values / per),
         );
         for (row, rows, block, blocks) in pieces {
-            let whole = blocks == c / per;
-            let (start, len) = match whole {
-                true => (row as u64 * row_bytes, rows as u64 * row_bytes),
-                false => (
-                    row as u64 * row_bytes + (block * bytes) as u64,
-                    (blocks * bytes) as u64,
-                ),
-            };
+            // Whole rows are one read of consecutive rows; a block range one
+            // read in its row.
+            let start = row as u64 * row_bytes + (block * bytes) as u64;
+            let len = (rows * blocks * bytes) as u64;
             let read = self.read_at(name, t.offset + start, len)?;
             read.chunks_exact(bytes)
                 .for_each(|b| to_mlx(b, &mut words, &mut scales));

@@ -59,7 +59,7 @@ impl GgufFile {
         s: &Stream,
     ) -> Result<super::PackedParts> {
         if self.tensor(name)?.kind == super::GgmlType::MXFP4 {
-            return self.read_mxfp4_stacked(name, axis, ranges, s);
+            return self.read_mxfp4_stacked(name, axis, ranges);
         }
         let shape = self.stacked_shape(name, axis)?;
         let [e, r, _] = shape.map(|d| d as usize);
