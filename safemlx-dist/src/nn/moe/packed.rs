@@ -1,7 +1,9 @@
 //! Experts kept packed as stored: each projection's packed values and
 //! scales (and biases) as MLX packs them, multiplied by MLX's
 //! `quantized_matmul` (one expert) and `gather_qmm` (grouped) in their
-//! mode without dequantizing. MXFP4 (gpt-oss): `[E, out, in / 8]`
+//! mode without dequantizing (one affine expert's product of many rows
+//! on a CPU dequantizes it in blocks, as a dense quantized layer does:
+//! `AffineWeight::matmul_t`). MXFP4 (gpt-oss): `[E, out, in / 8]`
 //! `uint32` (eight 4-bit values a word) and `[E, out, in / 32]` `uint8`
 //! (one power-of-two scale per 32 values). Affine (mlx-community's
 //! `switch_mlp`): `[E, out, in * bits / 32]` `uint32`, scales and biases
@@ -15,6 +17,7 @@ use safemlx::ops::{gather_qmm_with_mode, quantized_matmul_with_mode, Quantizatio
 pub use crate::packing::PackedFormat;
 use safemlx::{Array, Stream};
 
+use crate::affine::AffineWeight;
 use crate::error::{Error, Result};
 use crate::grad::{check_count, Parameter, Parameters};
 use crate::runtime::slice_axis;
@@ -224,6 +227,14 @@ impl ExpertMatrices<'_> {
                     ProjectionLocals::Float(a) => return Ok(x.matmul(pick(a)?.transpose(s)?, s)?),
                 };
                 let biases = biases.map(pick).transpose()?;
+                if let (QuantizationMode::Affine, Some(b)) = (format.mode, &biases) {
+                    // As a dense quantized layer multiplies: dequantized
+                    // in blocks for many rows on a CPU (a prompt's rows of
+                    // this expert), MLX's kernel otherwise.
+                    let (g, bits) = (format.group_size, format.bits);
+                    let w = AffineWeight::new(pick(packed)?, pick(scales)?, b.clone(), g, bits)?;
+                    return w.matmul_t(x, s);
+                }
                 let (group_size, bits) = format.ints();
                 Ok(quantized_matmul_with_mode(
                     x,
