@@ -130,23 +130,13 @@ macro_rules! affine_tensor_source {
                     return read;
                 }
                 match self.affine(name) {
-                    None => return self.stored_rows(name, ranges, s),
+                    None => self.stored_rows(name, ranges, s),
                     Some(a) if a.is_in_another_mode(self)? => {
                         let source: &dyn $crate::checkpoint::TensorSource = self;
-                        return $crate::checkpoint::affine::floats_of(
-                            source,
-                            &a,
-                            self,
-                            (0, ranges),
-                            s,
-                        );
+                        $crate::checkpoint::affine::floats_of(source, &a, self, (0, ranges), s)
                     }
-                    Some(_) => {}
+                    Some(a) => a.affine_only(self)?.rows(self, ranges, s)?.dequantize(s),
                 }
-                self.affine_to_read(name)?
-                    .affine_only(self)?
-                    .rows(self, ranges, s)?
-                    .dequantize(s)
             }
             fn read_columns(
                 &self,
@@ -158,22 +148,13 @@ macro_rules! affine_tensor_source {
                     return read;
                 }
                 match self.affine(name) {
-                    None => return self.stored_columns(name, ranges, s),
+                    None => self.stored_columns(name, ranges, s),
                     Some(a) if a.is_in_another_mode(self)? => {
                         let source: &dyn $crate::checkpoint::TensorSource = self;
-                        return $crate::checkpoint::affine::floats_of(
-                            source,
-                            &a,
-                            self,
-                            (1, ranges),
-                            s,
-                        );
+                        $crate::checkpoint::affine::floats_of(source, &a, self, (1, ranges), s)
                     }
-                    Some(_) => {}
+                    Some(a) => a.affine_only(self)?.float_columns(self, ranges, s),
                 }
-                self.affine_to_read(name)?
-                    .affine_only(self)?
-                    .float_columns(self, ranges, s)
             }
             fn read_along(
                 &self,
